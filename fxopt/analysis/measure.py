@@ -1,0 +1,198 @@
+"""Measured live tensor bytes on any device, the CPU included: ground truth for the
+predictions of :mod:`fxopt.analysis.memory`.
+
+:class:`LiveStorageTracker` is a ``TorchDispatchMode``: every op's output storage that is
+not one of the op's input storages (so not a view or an in-place result) is a new
+allocation; its bytes are added, and a ``weakref.finalize`` on the ``UntypedStorage``
+subtracts them when it dies. This relies on storage PyObject preservation (checked on
+torch 2.13):
+``t.untyped_storage() is t.untyped_storage()``, and the Python object lives as long as the
+C++ storage, so the finalizer fires exactly when the memory is freed. Kernel workspaces
+and allocations made outside the dispatcher (or before the mode was entered) are not seen.
+
+What to measure. Dynamo refuses to run compiled code while a dispatch mode is active (it
+runs the function eagerly instead), so a compiled step cannot be measured directly. Two
+things can be: (a) the eager training step, and (b) the captured forward and backward
+graphs run on real tensors by :func:`run_step_graphs`, which frees values as fx's code and
+AOTAutograd's runtime do (each value after its last use; saved values and tangents handed
+to the backward in a list it clears). (b) measures what fxopt's fx code generation
+executes; (a) checks that the graphs themselves match what eager autograd keeps.
+
+Private torch API: ``torch.utils._python_dispatch.TorchDispatchMode`` (documented, but in a
+private module), ``torch.utils._pytree``.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from fxopt.analysis.shapes import size_hint
+
+__all__ = ["LiveStorageTracker", "MeasuredMemory", "measure_peak_memory", "run_graph",
+           "run_step_graphs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    peak_bytes: int       # includes baseline_bytes
+    baseline_bytes: int   # distinct storages of the baseline tensors
+    final_bytes: int      # live when fn returned (its result still held), with baseline
+    allocations: int      # new storages seen
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Counts the bytes of live storages created by ops run under it (see module doc)."""
+
+    def __init__(self, baseline_tensors: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        # Strong references: the baseline must not die (and its ids be reused) meanwhile.
+        self._baseline = {id(s): s for s in _storages(baseline_tensors)}
+        self.baseline_bytes = sum(s.nbytes() for s in self._baseline.values())
+        self.current_bytes = self.baseline_bytes
+        self.peak_bytes = self.baseline_bytes
+        self.allocations = 0
+        self._live: dict[int, weakref.finalize] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(s) for s in _storages(tree_leaves((args, kwargs)))}
+        for storage in _storages(tree_leaves(out)):
+            key = id(storage)
+            if key in inputs or key in self._live or key in self._baseline:
+                continue
+            size = storage.nbytes()
+            self._live[key] = weakref.finalize(storage, self._freed, key, size)
+            self.allocations += 1
+            self.current_bytes += size
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        return out
+
+    def _freed(self, key: int, size: int) -> None:
+        self._live.pop(key, None)
+        self.current_bytes -= size
+
+    def __exit__(self, *exc: object) -> Any:
+        # Storages still alive stay so; stop counting them against this tracker.
+        for finalizer in self._live.values():
+            finalizer.detach()
+        self._live.clear()
+        return super().__exit__(*exc)
+
+
+def measure_peak_memory(fn: Callable[[], Any], *,
+                        baseline_tensors: Iterable[torch.Tensor] = ()) -> MeasuredMemory:
+    """Run ``fn()`` under a :class:`LiveStorageTracker`. Pass every tensor that exists
+    before and matters (parameters, buffers, inputs) as ``baseline_tensors``: their
+    distinct storages count as baseline, and ops on them (views, in-place) as nothing new."""
+    tracker = LiveStorageTracker(baseline_tensors)
+    with tracker:
+        result = fn()
+        final = tracker.current_bytes
+    del result
+    measured = MeasuredMemory(tracker.peak_bytes, tracker.baseline_bytes, final,
+                              tracker.allocations)
+    log.debug("measured: %s", measured)
+    return measured
+
+
+def run_graph(gm: fx.GraphModule, args: list[Any]) -> list[Any]:
+    """Run a graph on real values the way fx's boxed code does: ``args`` is cleared once
+    the placeholders are bound, and every value is dropped right after its last use.
+    Autograd is off, as in AOTAutograd's runtime: the graphs are already differentiated,
+    and recording them would keep every intermediate alive."""
+    with torch.no_grad():
+        return _run_graph(gm, args)
+
+
+def _run_graph(gm: fx.GraphModule, args: list[Any]) -> list[Any]:
+    nodes = list(gm.graph.nodes)
+    last_use: dict[fx.Node, int] = {}
+    for i, node in enumerate(nodes):
+        for inp in node.all_input_nodes:
+            last_use[inp] = i
+    env: dict[fx.Node, Any] = {}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        raise ValueError(f"{len(placeholders)} placeholders, {len(args)} arguments")
+    env.update(zip(placeholders, args))
+    args.clear()
+    for p in placeholders:
+        if p not in last_use:
+            del env[p]
+    for i, node in enumerate(nodes):
+        if node.op == "output":
+            return list(fx.node.map_arg(node.args[0], env.__getitem__))
+        if node.op == "call_function":
+            fn_args = fx.node.map_arg(node.args, env.__getitem__)
+            fn_kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            env[node] = node.target(*fn_args, **fn_kwargs)
+            del fn_args, fn_kwargs
+        elif node.op == "get_attr":
+            env[node] = _fetch_attr(gm, node.target)
+        elif node.op != "placeholder":
+            raise NotImplementedError(f"run_graph: {node.op} nodes are not supported")
+        for inp in node.all_input_nodes:
+            if last_use[inp] == i:
+                del env[inp]
+        if node.op != "placeholder" and node not in last_use:
+            del env[node]
+    raise ValueError("graph has no output node")
+
+
+def run_step_graphs(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule,
+                    primals: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """One training step through partitioned graphs, as AOTAutograd's runtime runs it.
+
+    Returns (forward outputs that are not saved, gradients); the caller holding them models
+    ``out`` and ``.grad``. Tangents are ones, allocated as the backward starts."""
+    bw_phs = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
+    saved_phs = [p for p in bw_phs if not p.name.startswith("tangents")]
+    tangent_phs = bw_phs[len(saved_phs):]
+    fw_out_node = next(n for n in reversed(fw_gm.graph.nodes) if n.op == "output")
+    fw_names = [getattr(a, "name", None) for a in fw_out_node.args[0]]
+    outputs = run_graph(fw_gm, list(primals))
+    num_user = len(outputs) - len(saved_phs)
+    saved = dict(zip(fw_names[num_user:], outputs[num_user:]))
+    user_outputs = outputs[:num_user]
+    del outputs
+    bw_args = [saved.pop(p.name) for p in saved_phs]
+    saved.clear()
+    bw_args += [_ones_like_fake(p.meta["val"]) for p in tangent_phs]
+    grads = run_graph(bw_gm, bw_args)
+    return user_outputs, grads
+
+
+def _ones_like_fake(val: torch.Tensor) -> torch.Tensor:
+    """A real tensor of ones with the fake value's (hinted) sizes, strides and dtype."""
+    t = torch.empty_strided([size_hint(s) for s in val.shape],
+                            [size_hint(s) for s in val.stride()], dtype=val.dtype,
+                            device=val.device)
+    return t.fill_(1)
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _storages(values: Iterable[Any]) -> list[torch.UntypedStorage]:
+    seen: dict[int, torch.UntypedStorage] = {}
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.device.type != "meta":
+            s = v.untyped_storage()
+            seen.setdefault(id(s), s)
+    return list(seen.values())
