@@ -1,0 +1,188 @@
+"""The one adapter between fxopt and torch's private APIs.
+
+fxopt needs a few things torch does not expose publicly: AOTAutograd's entry for backends,
+its partitioners, Inductor's per-graph compiler and decomposition table, and Dynamo's
+graph-break counters. Every such import lives here, so a torch upgrade breaks one file.
+Supported: torch >= 2.11.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.graph import CodeGen
+
+__all__ = [
+    "aot_autograd", "default_partition", "min_cut_partition", "inductor_partition",
+    "inductor_inference_passes", "inductor_decompositions",
+    "inductor_compile", "boxed_fx_callable", "graph_break_counts",
+]
+
+
+def aot_autograd(**kwargs: Any) -> Callable[..., Any]:
+    """AOTAutograd as a Dynamo backend (fw/bw/inference compilers, partition_fn, ...)."""
+    from torch._dynamo.backends.common import aot_autograd as _aot_autograd
+
+    return _aot_autograd(**kwargs)
+
+
+def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
+                      ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Saves what plain autograd would save (no recomputation)."""
+    from torch._functorch.partitioners import default_partition as _default
+
+    return _default(joint, joint_inputs, **kwargs)
+
+
+def min_cut_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
+                      ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Inductor's partitioner: recomputes cheap ops that a fusing compiler gets for free."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
+def inductor_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
+                       ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """What Inductor does at the partition: its joint-graph passes (canonicalisation,
+    pattern rewrites, random ops made seedable), then the min-cut partitioner. Inductor's
+    lowering relies on those passes having run."""
+    from torch._inductor import compile_fx
+
+    inductor_partition_fn = getattr(compile_fx, "partition_fn", None)
+    if inductor_partition_fn is not None:
+        return inductor_partition_fn(joint, joint_inputs, **kwargs)
+    joint = compile_fx._recursive_joint_graph_passes(joint)  # older torch: no public hook
+    return min_cut_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+
+
+def inductor_inference_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Inductor runs its joint-graph passes on an inference graph before lowering it."""
+    from torch._inductor.compile_fx import _recursive_joint_graph_passes
+
+    return _recursive_joint_graph_passes(gm)
+
+
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def inductor_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                     is_backward: bool, is_inference: bool, max_autotune: bool
+                     ) -> Callable[..., Any]:
+    """Inductor's code generation for one final forward or backward graph (boxed)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    with inductor_config.patch(max_autotune=max_autotune):
+        return compile_fx_inner(gm, list(example_inputs), is_backward=is_backward,
+                                is_inference=is_inference)
+
+
+class _BoxedCodeGen(CodeGen):
+    """fx codegen for AOTAutograd's boxed calling convention: the generated function takes
+    the argument list and clears it, so each input is freed at its last use inside the
+    graph (fx's code already drops every local after its last use). Without this, the
+    caller's list would keep saved activations alive through the whole backward."""
+
+    def gen_fn_def(self, free_vars: list[str], maybe_return_annotation: str,
+                   **kwargs: Any) -> str:
+        names = [v.split(":")[0].split("=")[0].strip() for v in free_vars if v != "self"]
+        lines = [f"def forward(self, args_list){maybe_return_annotation}:"]
+        if names:
+            lines.append(f"    {', '.join(names)}, = args_list")
+            lines.append("    args_list.clear()")
+        return "\n".join(lines)
+
+
+def boxed_fx_callable(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
+    """fxopt's default code generation: the graph's own Python code, boxed."""
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    forward = gm.forward
+
+    def run(args: list[Any]) -> Any:
+        return forward(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    run.graph_module = gm  # type: ignore[attr-defined]
+    return run
+
+
+def copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy of ``graph`` with shallow copies of node meta. Unlike ``copy.deepcopy`` it
+    shares the codegen (a pytree spec for AOTAutograd's joint graph, which deepcopy copies
+    through a deprecated path and warns); codegens are replaced, never mutated."""
+    new = fx.Graph(tracer_cls=graph._tracer_cls)
+    copied = new.graph_copy(graph, {}, return_output_node=True)
+    new._codegen = graph._codegen
+    if copied is not None:
+        value, old_output = copied
+        output = new.output(value, type_expr=getattr(old_output, "type", None))
+        output.meta = copy.copy(old_output.meta)
+    return new
+
+
+def is_dynamo_protocol_error(exc: BaseException) -> bool:
+    """Dynamo raises some exceptions through a backend on purpose (restart the analysis,
+    skip the frame, unsupported construct); they are its to handle, never a reason for
+    fxopt to fall back."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    return isinstance(exc, TorchDynamoException)
+
+
+def graph_break_counts() -> dict[str, int]:
+    """Dynamo's graph-break reasons seen so far in this process, with counts."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def fake_mode_of(values: Sequence[Any]) -> Any:
+    """The FakeTensorMode that made these values (None if none is fake)."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(list(values))
+
+
+def size_hint(size: Any, fallback: int) -> int:
+    """A concrete int for a SymInt, without adding a guard (``fallback`` for unbacked
+    sizes). torch 2.13 calls this ``optimization_hint``; earlier releases ``hint_int``."""
+    from torch.fx.experimental import symbolic_shapes
+
+    hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+    return int(hint(size, fallback=fallback))
+
+
+def op_alias_sets(op: Any) -> tuple[list[tuple[str, frozenset[str], bool]],
+                                     list[frozenset[str]]]:
+    """An op's schema alias sets: per argument (name, alias set, written?), per return
+    its alias set. torch's own schema parser reads the set of a list return such as
+    split's ``Tensor(a)[]``, which ``FunctionSchema.returns[i].alias_info`` leaves empty;
+    without the parser, such a return is taken to alias the first aliased argument."""
+    try:
+        from torch.utils._python_dispatch import get_alias_info
+    except ImportError:
+        get_alias_info = None
+    if get_alias_info is not None:
+        info = get_alias_info(op)
+        return ([(a.name, frozenset(a.alias_set), bool(a.is_write)) for a in info.args],
+                [frozenset(r.alias_set) for r in info.outs])
+    schema = op._schema
+    args = [(a.name, frozenset(a.alias_info.before_set) if a.alias_info else frozenset(),
+             bool(a.alias_info and a.alias_info.is_write)) for a in schema.arguments]
+    first_aliased = next((sets for _, sets, _ in args if sets), frozenset())
+    outs = [frozenset(r.alias_info.before_set) or first_aliased if r.alias_info
+            else frozenset() for r in schema.returns]
+    return args, outs
+
+
+def is_symbolic(value: Any) -> bool:
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))

@@ -1,0 +1,288 @@
+"""The torch.compile entry point: options in, a compiled callable out.
+
+``torch.compile(model, backend="fxopt", options={...})`` finds :func:`fxopt_backend` through
+the ``torch_dynamo_backends`` entry point (no import of fxopt needed); ``fxopt.backend(...)``
+returns a :class:`Backend` with fixed options that also remembers what it compiled.
+
+Per Dynamo graph (one per graph break) the stages run in order:
+
+    Dynamo graph -> PRE_AUTOGRAD passes -> AOTAutograd: joint graph -> JOINT passes
+      -> partition (fx: saves what autograd saves; inductor: min-cut) -> FORWARD passes
+      -> code generation; later, at the first backward: BACKWARD passes -> code generation
+
+An inference graph (no input needs grad, e.g. under ``torch.no_grad``) goes through the
+FORWARD passes. Code generation is fx's own Python (boxed, so inputs are freed at their last
+use) or Inductor's per-graph compiler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fxopt import _compat, config
+from fxopt.analysis.memory import (
+    MemoryEstimate,
+    estimate_forward_memory,
+    estimate_joint_memory,
+    estimate_step_memory,
+)
+from fxopt.config import Options
+from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
+from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
+
+__all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
+
+log = logging.getLogger(__name__)
+
+_graph_ids = itertools.count()
+
+
+@dataclass
+class GraphRecord:
+    """What fxopt did to one Dynamo graph: explain's and the tests' source of truth.
+
+    ``graphs`` holds the final graph module per kind ("dynamo", "joint", "forward",
+    "backward" or "inference"); ``memory`` the predicted step memory of plain autograd
+    ("autograd", from the joint graph as AOTAutograd traced it) and of what fxopt runs
+    ("fxopt", once the backward is compiled, or the inference graph).
+    """
+
+    name: str
+    options: Options
+    dynamo_nodes: int = 0
+    passes: list[PassRecord] = field(default_factory=list)
+    graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    memory: dict[str, MemoryEstimate | None] = field(default_factory=dict)
+    compile_seconds: float = 0.0
+    fallback: str | None = None  # why part of the graph runs uncompiled or without Inductor
+
+    def pass_records(self, name: str) -> list[PassRecord]:
+        return [r for r in self.passes if r.name == name]
+
+
+class Backend:
+    """A torch.compile backend with fixed options: ``torch.compile(m, backend=Backend(...))``.
+
+    Options are validated here (errors surface at once, not at the first call) and
+    resolved again at each compilation so that an active :func:`fxopt.config.patch`
+    applies. ``graphs`` lists a :class:`GraphRecord` per compiled Dynamo graph.
+    """
+
+    def __init__(self, options: Mapping[str, Any] | None = None, mode: str | None = None,
+                 *, instruments: Sequence[Instrument] = ()) -> None:
+        config.resolve(options, mode)
+        self._options = dict(options or {})
+        self._mode = mode
+        self._instruments = tuple(instruments)
+        self.graphs: list[GraphRecord] = []
+
+    def __repr__(self) -> str:  # Dynamo's error messages name the backend with this
+        arguments = [f"{k}={v!r}" for k, v in self._options.items()]
+        if self._mode is not None:
+            arguments.append(f"mode={self._mode!r}")
+        return f"fxopt.backend({', '.join(arguments)})"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+                 **kwargs: Any) -> Callable[..., Any]:
+        unknown = set(kwargs) - {"options", "mode"}
+        if unknown:
+            raise TypeError(f"fxopt backend got unexpected arguments {sorted(unknown)}")
+        options = {**self._options, **(kwargs.get("options") or {})}
+        resolved = config.resolve(options, kwargs.get("mode", self._mode))
+        compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments)
+        self.graphs.append(compiler.record)
+        return compiler.compile(gm, example_inputs)
+
+
+def backend(**options: Any) -> Backend:
+    """``torch.compile(model, backend=fxopt.backend(tempo=True))``: same as the string
+    backend with ``options={...}``, validated immediately."""
+    return Backend(options)
+
+
+def fxopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                  options: Mapping[str, Any] | None = None,
+                  mode: str | None = None) -> Callable[..., Any]:
+    """The ``torch_dynamo_backends`` entry point (``backend="fxopt"``)."""
+    return Backend(options, mode)(gm, example_inputs)
+
+
+def _device_of(values: Sequence[Any]) -> torch.device:
+    devices = {v.device for v in values if isinstance(v, torch.Tensor)}
+    accelerators = sorted((d for d in devices if d.type != "cpu"), key=str)
+    return accelerators[0] if accelerators else torch.device("cpu")
+
+
+def _debug_instruments(options: Options) -> tuple[Instrument, ...]:
+    if options.debug_dir is None:
+        return ()
+    from fxopt.debug.dump import DebugDump
+
+    return (DebugDump(options.debug_dir),)
+
+
+class _GraphCompiler:
+    """Compiles one Dynamo graph: runs the stages and keeps the record."""
+
+    def __init__(self, options: Options, name: str,
+                 instruments: tuple[Instrument, ...]) -> None:
+        self.options = options
+        self.record = GraphRecord(name=name, options=options)
+        self.instruments = instruments + _debug_instruments(options)
+        self.device = torch.device("cpu")
+        self._partitioned_backward: fx.GraphModule | None = None
+
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        start = time.perf_counter()
+        self.device = _device_of(example_inputs)
+        self.record.dynamo_nodes = len(gm.graph.nodes)
+        _warn_unavailable(self.options)
+        try:
+            compiled = self._compile_stages(gm, example_inputs)
+        except PassFailure:
+            raise  # strict, already explained
+        except Exception as exc:
+            # fxopt's own machinery (AOTAutograd tracing, a partitioner, a code generator)
+            # failed: run the graph as Dynamo captured it, which is eager and correct.
+            if self.options.strict or _compat.is_dynamo_protocol_error(exc):
+                raise
+            self.record.fallback = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"fxopt: compiling graph {self.record.name} failed "
+                          f"({self.record.fallback}); running it uncompiled (eager). "
+                          "Set options={'strict': True} to raise instead.", stacklevel=3)
+            log.debug("fxopt: traceback of the failed compilation", exc_info=True)
+            compiled = gm.forward
+        self.record.compile_seconds += time.perf_counter() - start
+        return compiled
+
+    def _compile_stages(self, gm: fx.GraphModule, example_inputs: Sequence[Any]
+                        ) -> Callable[..., Any]:
+        ctx = self._context(Stage.PRE_AUTOGRAD, GraphKind.DYNAMO, example_inputs)
+        gm = run_stage(Stage.PRE_AUTOGRAD, gm, ctx, self.record.passes, self.instruments)
+        self.record.graphs["dynamo"] = gm
+        inductor = self.options.codegen == "inductor"
+        aot = _compat.aot_autograd(
+            fw_compiler=self._compile_forward,
+            bw_compiler=self._compile_backward,
+            inference_compiler=self._compile_inference,
+            partition_fn=self._partition,
+            decompositions=_compat.inductor_decompositions() if inductor else {},
+            keep_inference_input_mutations=True,
+        )
+        return aot(gm, list(example_inputs))
+
+    def _context(self, stage: Stage, kind: GraphKind, example_inputs: Sequence[Any],
+                 estimate: Callable[[fx.GraphModule], MemoryEstimate | None] | None = None,
+                 **facts: Any) -> PassContext:
+        return PassContext(
+            options=self.options, stage=stage, graph_kind=kind,
+            graph_name=f"{self.record.name}/{kind.value}", device=self.device,
+            example_inputs=tuple(example_inputs),
+            estimate_memory=estimate or (lambda gm: None), facts=dict(facts))
+
+    # AOTAutograd calls the methods below.
+
+    def _partition(self, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                   **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        def estimate(gm: fx.GraphModule) -> MemoryEstimate:
+            return estimate_joint_memory(gm, num_fwd_outputs)
+
+        self.record.memory["autograd"] = _safe_estimate(estimate, joint)
+        ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
+                            num_fwd_outputs=num_fwd_outputs)
+        joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
+        self.record.graphs["joint"] = joint
+        partition = (_compat.inductor_partition if self.options.codegen == "inductor"
+                     else _compat.default_partition)
+        forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                      **kwargs)
+        self._partitioned_backward = backward
+        return forward, backward
+
+    def _compile_forward(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        backward = self._partitioned_backward
+
+        def estimate(g: fx.GraphModule) -> MemoryEstimate | None:
+            return None if backward is None else estimate_step_memory(g, backward)
+
+        ctx = self._context(Stage.FORWARD, GraphKind.FORWARD, example_inputs, estimate)
+        return self._finish(Stage.FORWARD, gm, ctx, example_inputs)
+
+    def _compile_backward(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        start = time.perf_counter()
+        forward = self.record.graphs.get("forward")
+
+        def estimate(g: fx.GraphModule) -> MemoryEstimate | None:
+            return None if forward is None else estimate_step_memory(forward, g)
+
+        ctx = self._context(Stage.BACKWARD, GraphKind.BACKWARD, example_inputs, estimate)
+        compiled = self._finish(Stage.BACKWARD, gm, ctx, example_inputs)
+        self.record.memory["fxopt"] = _safe_estimate(estimate, self.record.graphs["backward"])
+        self.record.compile_seconds += time.perf_counter() - start
+        return compiled
+
+    def _compile_inference(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        ctx = self._context(Stage.FORWARD, GraphKind.INFERENCE, example_inputs,
+                            estimate_forward_memory)
+        compiled = self._finish(Stage.FORWARD, gm, ctx, example_inputs)
+        self.record.memory["fxopt"] = _safe_estimate(estimate_forward_memory,
+                                                     self.record.graphs["inference"])
+        return compiled
+
+    def _finish(self, stage: Stage, gm: fx.GraphModule, ctx: PassContext,
+                example_inputs: Sequence[Any]) -> Any:
+        gm = run_stage(stage, gm, ctx, self.record.passes, self.instruments)
+        self.record.graphs[ctx.graph_kind.value] = gm
+        if self.options.codegen == "inductor":
+            try:
+                return self._inductor(stage, copy_graph_module(gm), ctx, example_inputs)
+            except Exception as exc:
+                if self.options.strict or _compat.is_dynamo_protocol_error(exc):
+                    raise
+                reason = f"{type(exc).__name__}: {exc}"
+                self.record.fallback = f"Inductor failed on {ctx.graph_name} ({reason}); " \
+                                       "used fx code generation"
+                warnings.warn(f"fxopt: {self.record.fallback}. Set "
+                              "options={'strict': True} to raise instead.", stacklevel=2)
+                log.debug("fxopt: traceback of the Inductor failure", exc_info=True)
+        return _compat.boxed_fx_callable(gm)
+
+    def _inductor(self, stage: Stage, gm: fx.GraphModule, ctx: PassContext,
+                  example_inputs: Sequence[Any]) -> Any:
+        """Inductor's code generation, on a copy: it rewrites the graph it is given, and
+        a failure must leave fxopt's graph intact for the fx fallback."""
+        inference = ctx.graph_kind is GraphKind.INFERENCE
+        if inference:
+            gm = _compat.inductor_inference_passes(gm)
+        return _compat.inductor_compile(
+            gm, example_inputs, is_backward=stage is Stage.BACKWARD, is_inference=inference,
+            max_autotune=self.options.inductor_max_autotune)
+
+
+def _safe_estimate(estimate: Callable[[fx.GraphModule], MemoryEstimate | None],
+                   gm: fx.GraphModule) -> MemoryEstimate | None:
+    """Memory predictions feed reports; one that fails is logged, never raised."""
+    try:
+        return estimate(gm)
+    except Exception:
+        log.warning("fxopt: memory prediction failed", exc_info=True)
+        return None
+
+
+def _warn_unavailable(options: Options) -> None:
+    """A pass flag set to True for a pass not built yet is reported, never ignored (the
+    warnings filter shows it once per process by default; explain shows it per graph)."""
+    for spec in PIPELINE:
+        if spec.flag and getattr(options, spec.flag) is True and not spec.available:
+            warnings.warn(f"fxopt: pass {spec.name!r} is not available yet in this version "
+                          f"(tracked in issue {spec.issue}); the option is accepted and has "
+                          "no effect", stacklevel=3)

@@ -1,0 +1,55 @@
+"""The pass registry: every fxopt pass, in pipeline order.
+
+One ordered list, read per stage by the runner (`fxopt.pipeline`); drivers never chain
+``if config.x:``. A planned pass is listed with ``run=None`` so that its flag is accepted and
+reported as "not available yet" by `fxopt passes` and explain. The rules every pass keeps
+are in README.md beside this file.
+"""
+
+from __future__ import annotations
+
+from fxopt.passes.base import (
+    GraphKind,
+    PassContext,
+    PassResult,
+    PassSpec,
+    RewriteCounter,
+    Stage,
+)
+
+__all__ = [
+    "GraphKind", "PassContext", "PassResult", "PassSpec", "RewriteCounter", "Stage",
+    "PIPELINE", "passes_for", "get_pass",
+]
+
+PIPELINE: list[PassSpec] = [
+    PassSpec(
+        name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=None, issue="#6",
+        description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
+    PassSpec(
+        name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=None, issue="#5",
+        description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
+    PassSpec(
+        name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,), run=None,
+        issue="#7", description="keep, recompute or swap each saved activation (DELTA)"),
+    PassSpec(
+        name="fuse_elementwise", flag="fuse_elementwise",
+        stages=(Stage.FORWARD, Stage.BACKWARD), run=None, issue="#4",
+        description="pointwise op chains become generated Triton kernels"),
+    PassSpec(
+        name="offload_optimizer", flag="offload_optimizer", stages=(Stage.BACKWARD,),
+        run=None, issue="#9",
+        description="optimizer state of some parameter groups on the CPU (Deep Optimizer States)"),
+]
+
+
+def passes_for(stage: Stage) -> list[PassSpec]:
+    """The passes that run at ``stage``, in pipeline order."""
+    return [spec for spec in PIPELINE if stage in spec.stages]
+
+
+def get_pass(name: str) -> PassSpec:
+    for spec in PIPELINE:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"fxopt: no pass named {name!r}; passes: {[s.name for s in PIPELINE]}")

@@ -1,0 +1,137 @@
+"""What a pass is: its contract with the runner (`fxopt.pipeline`).
+
+A pass is a function ``name(gm, ctx) -> PassResult``; its function name is its name and its
+flag in `fxopt.config.Options` has the same name. It reads and rewrites ``gm`` (the runner
+hands it a private copy, so a pass that raises half-way leaves the user's graph intact), and
+returns the graph module, whether it changed anything, and its own stats (plain data:
+counts, bytes). Cross-cutting work (flags, timing, lint, recompile, snapshots, failure
+handling) is the runner's, never the pass's. The rules a pass keeps are in README.md here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+
+if TYPE_CHECKING:
+    from fxopt.analysis.memory import MemoryEstimate
+    from fxopt.config import Options
+
+__all__ = ["Stage", "GraphKind", "PassResult", "PassContext", "PassSpec", "RewriteCounter"]
+
+
+class Stage(str, enum.Enum):
+    """Where in the pipeline a pass runs; the order here is the pipeline's order."""
+
+    PRE_AUTOGRAD = "pre_autograd"  # Dynamo's torch-level graph, before AOTAutograd
+    JOINT = "joint"                # AOTAutograd's joint forward+backward graph, before partition
+    FORWARD = "forward"            # the partitioned forward graph (or the inference graph)
+    BACKWARD = "backward"          # the partitioned backward graph
+
+
+class GraphKind(str, enum.Enum):
+    """Which graph a stage is looking at (an inference graph goes through the FORWARD stage)."""
+
+    DYNAMO = "dynamo"
+    JOINT = "joint"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    INFERENCE = "inference"
+
+
+@dataclass
+class RewriteCounter:
+    """Counts a pass's rewrites and stops them after ``limit`` (bisecting a bad rewrite).
+
+    A pass calls :meth:`allow` before each rewrite and skips the rewrite when it says no; the
+    ``rewrite_limit`` option ({"pass": N}) sets the limit.
+    """
+
+    limit: int | None = None
+    done: int = 0
+    refused: int = 0
+
+    def allow(self) -> bool:
+        if self.limit is not None and self.done >= self.limit:
+            self.refused += 1
+            return False
+        self.done += 1
+        return True
+
+
+@dataclass
+class PassContext:
+    """What a pass may know about the graph it is given, beyond the graph itself."""
+
+    options: Options
+    stage: Stage
+    graph_kind: GraphKind
+    graph_name: str                  # e.g. "g0/forward": Dynamo graph index / kind
+    device: torch.device             # where the graph's tensors live (cpu when it has none)
+    example_inputs: tuple[Any, ...] = ()
+    # Predicted step memory for a graph of this stage (None where it cannot be predicted,
+    # e.g. before autograd). The runner calls it before and after each pass.
+    estimate_memory: Callable[[fx.GraphModule], MemoryEstimate | None] = lambda gm: None
+    rewrites: RewriteCounter = field(default_factory=RewriteCounter)
+    # Stage-specific facts, e.g. {"num_fwd_outputs": 3} at the joint stage.
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+@dataclass
+class PassResult:
+    """A pass's answer: the (possibly new) graph module, whether it changed, and its stats."""
+
+    graph_module: fx.GraphModule
+    modified: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+PassFn = Callable[[fx.GraphModule, PassContext], PassResult]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """A pass as the registry lists it.
+
+    ``run`` is None for a pass that is planned but not built yet: its flag is accepted and
+    reported as "not available yet" rather than silently ignored. ``default`` decides
+    whether the pass runs when its flag is unset (None); ``default_text`` says the same
+    in words for `fxopt passes`. ``flag`` is None for internal passes that always run.
+    """
+
+    name: str
+    stages: tuple[Stage, ...]
+    description: str
+    run: PassFn | None
+    default: Callable[[PassContext], bool] = lambda ctx: False
+    default_text: str = "off"
+    flag: str | None = None
+    issue: str = ""
+
+    @property
+    def available(self) -> bool:
+        return self.run is not None
+
+    def decide(self, ctx: PassContext) -> tuple[bool, str]:
+        """Whether to run on this graph, and why, in words for the report."""
+        if not self.available:
+            requested = self.flag is not None and getattr(ctx.options, self.flag) is True
+            return False, "not available yet" + (" (requested)" if requested else "")
+        if ctx.stage not in self.stages:
+            return False, f"runs at stage {'/'.join(s.value for s in self.stages)}"
+        value = getattr(ctx.options, self.flag) if self.flag else None
+        if value is True:
+            return True, "on (option)"
+        if value is False:
+            return False, "off (option)"
+        on = self.default(ctx)
+        return on, f"default: {self.default_text}"

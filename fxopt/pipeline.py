@@ -1,0 +1,191 @@
+"""The pass runner: the one place that does everything cross-cutting around a pass.
+
+For each pass of a stage (in `fxopt.passes.PIPELINE` order) the runner decides whether it
+runs (flag, default policy, availability), gives it a private copy of the graph, times it,
+lints and recompiles what it returns, refreshes missing fake values, predicts memory before
+and after, tells the instruments (explain's recorder, the debug dumper) and, when the pass
+raises, keeps the untouched graph and warns naming the pass and the graph (training goes on,
+correct), or raises under ``strict``. Passes never do any of this themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch.fx as fx
+
+from fxopt import _compat
+from fxopt.analysis.shapes import ensure_fake_values
+from fxopt.passes import PassContext, PassSpec, RewriteCounter, Stage, passes_for
+
+if TYPE_CHECKING:
+    from fxopt.analysis.memory import MemoryEstimate
+
+__all__ = ["PassRecord", "Instrument", "PassFailure", "run_stage", "copy_graph_module"]
+
+log = logging.getLogger(__name__)
+
+
+class PassFailure(RuntimeError):
+    """A pass raised (or produced an invalid graph) and ``strict=True`` was set."""
+
+
+@dataclass
+class PassRecord:
+    """What happened to one pass on one graph; explain's rows and the debug index."""
+
+    name: str
+    stage: str
+    graph: str
+    status: str  # "changed" | "unchanged" | "skipped" | "unavailable" | "failed"
+    reason: str
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    seconds: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+    memory_before: MemoryEstimate | None = None
+    memory_after: MemoryEstimate | None = None
+
+    @property
+    def ran(self) -> bool:
+        return self.status in ("changed", "unchanged")
+
+    @property
+    def fired(self) -> bool:
+        """True when the pass ran and changed the graph."""
+        return self.status == "changed"
+
+
+class Instrument(Protocol):
+    """Observes the pipeline without changing it (explain's recorder, the debug dumper)."""
+
+    def stage_started(self, ctx: PassContext, gm: fx.GraphModule) -> None: ...
+
+    def pass_finished(self, record: PassRecord, before: fx.GraphModule,
+                      after: fx.GraphModule) -> None: ...
+
+
+def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy whose graph can be rewritten freely; node meta is copied shallowly (fake
+    values are shared, never mutated), attributes and submodules are shared with ``gm``."""
+    new = fx.GraphModule(gm, _compat.copy_graph(gm.graph), gm.__class__.__name__)
+    new.meta = dict(gm.meta)
+    return new
+
+
+def run_stage(stage: Stage, gm: fx.GraphModule, ctx: PassContext,
+              records: list[PassRecord], instruments: tuple[Instrument, ...] = ()
+              ) -> fx.GraphModule:
+    """Run every pass of ``stage`` on ``gm``; returns the final graph module."""
+    for instrument in instruments:
+        _observe(instrument.stage_started, ctx, gm)
+    memory = _Memo(ctx)
+    for spec in passes_for(stage):
+        gm = _run_pass(spec, gm, ctx, records, instruments, memory)
+    return gm
+
+
+class _Memo:
+    """Memory predictions by graph identity, so an unchanged graph is not simulated twice."""
+
+    def __init__(self, ctx: PassContext) -> None:
+        self._ctx = ctx
+        self._cache: dict[int, MemoryEstimate | None] = {}
+
+    def __call__(self, gm: fx.GraphModule) -> MemoryEstimate | None:
+        key = id(gm)
+        if key not in self._cache:
+            try:
+                self._cache[key] = self._ctx.estimate_memory(gm)
+            except Exception:  # a prediction is a report, never a reason to stop training
+                log.warning("fxopt: memory prediction failed on %s", self._ctx.graph_name,
+                            exc_info=True)
+                self._cache[key] = None
+        return self._cache[key]
+
+
+def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
+              records: list[PassRecord], instruments: tuple[Instrument, ...],
+              memory: _Memo) -> fx.GraphModule:
+    enabled, reason = spec.decide(ctx)
+    record = PassRecord(name=spec.name, stage=ctx.stage.value, graph=ctx.graph_name,
+                        status="skipped", reason=reason)
+    records.append(record)
+    if not enabled:
+        record.status = "unavailable" if not spec.available else "skipped"
+        log.debug("fxopt: %s on %s: %s", spec.name, ctx.graph_name, reason)
+        return gm
+
+    limit = (ctx.options.rewrite_limit or {}).get(spec.name)
+    pass_ctx = replace(ctx, rewrites=RewriteCounter(limit=limit))
+    record.nodes_before = len(gm.graph.nodes)
+    record.memory_before = memory(gm)
+    start = time.perf_counter()
+    try:
+        work = copy_graph_module(gm)
+        result = spec.run(work, pass_ctx)
+        out = result.graph_module
+        if result.modified:
+            out.graph.lint()
+            _check_interface(gm, out)
+            if ctx.stage is not Stage.PRE_AUTOGRAD:  # Dynamo's graph needs no fake values
+                ensure_fake_values(out)
+            out.recompile()
+    except Exception as exc:
+        record.seconds = time.perf_counter() - start
+        record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
+        message = (f"fxopt: pass {spec.name!r} failed on graph {ctx.graph_name} "
+                   f"({record.reason})")
+        if ctx.options.strict:
+            raise PassFailure(message) from exc
+        warnings.warn(f"{message}; skipped it, the graph is unchanged. "
+                      "Set options={'strict': True} to raise instead.", stacklevel=2)
+        log.debug("fxopt: traceback of the failed pass", exc_info=True)
+        return gm
+
+    record.seconds = time.perf_counter() - start
+    record.stats = dict(result.stats)
+    if pass_ctx.rewrites.limit is not None:
+        record.stats["rewrites_refused_by_limit"] = pass_ctx.rewrites.refused
+    record.status = "changed" if result.modified else "unchanged"
+    record.nodes_after = len(out.graph.nodes)
+    record.memory_after = memory(out) if result.modified else record.memory_before
+    log.info("fxopt: %s on %s: %s in %.3fs, nodes %d -> %d", spec.name, ctx.graph_name,
+             record.status, record.seconds, record.nodes_before, record.nodes_after)
+    for instrument in instruments:
+        _observe(instrument.pass_finished, record, gm, out)
+    return out
+
+
+def _interface(gm: fx.GraphModule) -> tuple[list[str], int | None]:
+    placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    outputs = gm.graph.find_nodes(op="output")
+    if len(outputs) != 1:
+        return placeholders, None
+    value = outputs[0].args[0]
+    return placeholders, len(value) if isinstance(value, (tuple, list)) else 1
+
+
+def _check_interface(before: fx.GraphModule, after: fx.GraphModule) -> None:
+    """A pass must keep the graph's inputs and its number of outputs (README rule 4):
+    AOTAutograd and the caller depend on them, and lint does not check it."""
+    (inputs_before, outputs_before), (inputs_after, outputs_after) = (
+        _interface(before), _interface(after))
+    if inputs_after != inputs_before:
+        raise ValueError(f"the pass changed the graph's inputs: {inputs_before} -> "
+                         f"{inputs_after}")
+    if outputs_after != outputs_before:
+        raise ValueError(f"the pass changed the graph's outputs: {outputs_before} -> "
+                         f"{outputs_after} values")
+
+
+def _observe(method: Any, *args: Any) -> None:
+    """Instruments observe; a failing one is logged and never stops compilation."""
+    try:
+        method(*args)
+    except Exception:
+        log.warning("fxopt: instrument %r failed", method, exc_info=True)
