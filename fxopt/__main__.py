@@ -1,0 +1,49 @@
+"""The ``fxopt`` command line (also ``python -m fxopt``).
+
+Subcommands: ``passes`` lists every pass with its stage, flag, default and availability,
+and the options with their documentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _passes(args: argparse.Namespace) -> int:
+    from fxopt.config import option_docs
+    from fxopt.passes import PIPELINE
+
+    rows = [("pass", "stage", "flag", "default", "description")]
+    for spec in PIPELINE:
+        default = spec.default_text if spec.available else f"not available yet ({spec.issue})"
+        rows.append((spec.name, "/".join(s.value for s in spec.stages), spec.flag or "-",
+                     default, spec.description))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    if args.options:
+        print("\noptions (torch.compile(..., backend='fxopt', options={...}); "
+              "environment: FXOPT_<NAME>):")
+        for name, doc in option_docs().items():
+            print(f"  {name:<22}{doc}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fxopt", description="fxopt: a torch.compile backend that cuts training memory "
+        "and time (torch.compile(model, backend='fxopt')).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("passes", help="list the passes, their stages and defaults")
+    listing.add_argument("--options", action="store_true", help="also list every option")
+    listing.set_defaults(run=_passes)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

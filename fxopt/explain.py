@@ -1,0 +1,185 @@
+"""``fxopt.explain``: compile a model, run one training step, and say what fxopt did.
+
+The report lists the graphs Dynamo captured (and its graph breaks with their reasons), per
+graph and per pass whether the pass ran or why not, nodes before/after, time, the pass's own
+stats and the predicted activation memory and peak before/after; ``str(report)`` is a table
+and the same data is on the object (``report.passes[i].name``, ``.stats``, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from fxopt import _compat, config
+from fxopt.analysis.memory import MemoryEstimate
+from fxopt.compiler import Backend, GraphRecord
+from fxopt.config import Options
+from fxopt.pipeline import PassRecord
+
+__all__ = ["explain", "ExplainReport", "GraphBreak"]
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    reason: str
+    count: int
+
+
+@dataclass
+class ExplainReport:
+    """What fxopt did during one compiled training step."""
+
+    options: Options
+    graphs: list[GraphRecord]
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    ran_backward: bool = False
+
+    @property
+    def passes(self) -> list[PassRecord]:
+        """Every pass record of every graph, in pipeline order."""
+        return [record for graph in self.graphs for record in graph.passes]
+
+    def fired(self, name: str) -> bool:
+        """Whether pass ``name`` changed at least one graph."""
+        return any(r.fired for r in self.passes if r.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-serialisable) for tools and the debug index."""
+        return {
+            "options": self.options.as_dict(),
+            "graph_breaks": [vars(b) for b in self.graph_breaks],
+            "ran_backward": self.ran_backward,
+            "graphs": [{
+                "name": g.name, "dynamo_nodes": g.dynamo_nodes, "fallback": g.fallback,
+                "compile_seconds": g.compile_seconds,
+                "memory": {k: _memory_dict(v) for k, v in g.memory.items()},
+                "passes": [{**{k: v for k, v in vars(r).items()
+                               if not k.startswith("memory")},
+                            "memory_before": _memory_dict(r.memory_before),
+                            "memory_after": _memory_dict(r.memory_after)} for r in g.passes],
+            } for g in self.graphs],
+        }
+
+    def __str__(self) -> str:
+        return "\n".join(_render(self))
+
+
+def explain(model: Any, *args: Any, options: Mapping[str, Any] | None = None,
+            **kwargs: Any) -> ExplainReport:
+    """Compile ``model`` with fxopt, run one forward (and backward when the output needs
+    grad: the sum of its floating outputs is the loss), and report.
+
+    ``.grad`` of parameters and inputs and the model's buffers (e.g. BatchNorm running
+    stats) are restored afterwards, so explaining does not change a training run.
+    """
+    backend = Backend(options)
+    breaks_before = _compat.graph_break_counts()
+    compiled = torch.compile(model, backend=backend)
+    with _restored_state(model, args, kwargs):
+        output = compiled(*args, **kwargs)
+        loss = _loss_of(output)
+        if loss is not None:
+            loss.backward()
+    breaks_after = _compat.graph_break_counts()
+    breaks = [GraphBreak(reason, count - breaks_before.get(reason, 0))
+              for reason, count in breaks_after.items()
+              if count > breaks_before.get(reason, 0)]
+    return ExplainReport(options=config.resolve(options), graphs=list(backend.graphs),
+                         graph_breaks=breaks, ran_backward=loss is not None)
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    leaves = [t for t in pytree.tree_leaves(output)
+              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    if not leaves:
+        return None
+    return sum(t.float().sum() for t in leaves)
+
+
+@contextlib.contextmanager
+def _restored_state(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    buffers: dict[str, torch.Tensor] = {}
+    if isinstance(model, torch.nn.Module):
+        tensors += list(model.parameters())
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    grads = [(t, t.grad) for t in tensors if t.requires_grad]
+    try:
+        yield
+    finally:
+        for tensor, grad in grads:
+            tensor.grad = grad
+        if isinstance(model, torch.nn.Module):
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    if name in buffers:
+                        b.copy_(buffers[name])
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _memory_dict(m: MemoryEstimate | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {"peak_bytes": m.peak_bytes, "activation_bytes": m.activation_bytes,
+            "baseline_bytes": m.baseline_bytes, "peak_node": m.peak_node}
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def _memory_change(before: MemoryEstimate | None, after: MemoryEstimate | None) -> str:
+    if before is None and after is None:
+        return ""
+    b = (None, None) if before is None else (before.peak_bytes, before.activation_bytes)
+    a = (None, None) if after is None else (after.peak_bytes, after.activation_bytes)
+    return f"{_mib(b[0])}->{_mib(a[0])} / {_mib(b[1])}->{_mib(a[1])}"
+
+
+def _stats_text(stats: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in stats.items())
+
+
+def _render(report: ExplainReport) -> list[str]:
+    non_default = {k: v for k, v in report.options.as_dict().items()
+                   if v != getattr(Options(), k) and k != "memory_budget"}
+    if report.options.memory_budget is not None:
+        non_default["memory_budget"] = str(report.options.memory_budget)
+    lines = [
+        f"fxopt explain: {len(report.graphs)} graph(s), "
+        f"{sum(b.count for b in report.graph_breaks)} graph break(s), "
+        f"{'forward+backward' if report.ran_backward else 'forward only'}",
+        f"options: {non_default or 'defaults'}",
+    ]
+    lines += [f"  graph break ({b.count}x): {b.reason}" for b in report.graph_breaks]
+    header = (f"  {'stage':<13}{'graph':<11}{'pass':<19}{'status':<12}{'nodes':>11}"
+              f"{'ms':>8}  {'peak MiB / activations MiB':<28}stats")
+    for graph in report.graphs:
+        lines.append("")
+        lines.append(f"{graph.name}: Dynamo graph of {graph.dynamo_nodes} nodes, "
+                     f"compiled in {graph.compile_seconds:.2f}s")
+        if graph.fallback:
+            lines.append(f"  FALLBACK: {graph.fallback}")
+        for label, key in (("plain autograd", "autograd"), ("fxopt", "fxopt")):
+            m = graph.memory.get(key)
+            if m is not None:
+                lines.append(f"  predicted memory, {label}: peak {_mib(m.peak_bytes)} MiB, "
+                             f"activations kept for backward {_mib(m.activation_bytes)} MiB")
+        lines.append(header)
+        for r in graph.passes:
+            nodes = "" if r.nodes_before is None else f"{r.nodes_before}->{r.nodes_after or '-'}"
+            detail = r.reason if r.status in ("skipped", "unavailable", "failed") \
+                else _stats_text(r.stats)
+            lines.append(
+                f"  {r.stage:<13}{r.graph.split('/')[-1]:<11}{r.name:<19}{r.status:<12}"
+                f"{nodes:>11}{r.seconds * 1e3:>8.1f}  "
+                f"{_memory_change(r.memory_before, r.memory_after):<28}{detail}")
+    return lines
