@@ -1,0 +1,64 @@
+"""Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=13, hidden=37, d_out=5):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_in, hidden), nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm transformer block with attention written as matmul/softmax/dropout."""
+
+    def __init__(self, dim=32, heads=4, dropout=0.0):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        attn = self.drop(scores.masked_fill(~mask, float("-inf")).softmax(-1))
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(self.drop(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class ConvNet(nn.Module):
+    def __init__(self, channels=8, classes=7):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels),
+            nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(2 * channels, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+class LSTMModel(nn.Module):
+    def __init__(self, vocab=23, hidden=37):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens):
+        out, _ = self.lstm(self.embed(tokens))
+        return self.head(out)

@@ -1,0 +1,57 @@
+"""fxopt.explain: the report object and its table."""
+
+import json
+
+import torch
+from models import MLP, ConvNet
+from test_compiler import WithGraphBreak
+
+import fxopt
+
+
+def test_report_lists_graphs_passes_and_memory():
+    model = MLP()
+    report = fxopt.explain(model, torch.randn(4, 13), options={"tempo": True})
+    assert report.ran_backward and len(report.graphs) == 1
+    names = [r.name for r in report.passes]
+    assert names == ["tempo", "fuse_rnn", "swap_recompute", "fuse_elementwise",
+                     "fuse_elementwise", "offload_optimizer"]
+    assert report.passes[0].status == "unavailable"
+    assert report.passes[0].reason == "not available yet (requested)"
+    assert not report.fired("tempo")
+    graph = report.graphs[0]
+    assert graph.memory["autograd"].peak_bytes > 0 and graph.memory["fxopt"].peak_bytes > 0
+    text = str(report)
+    for words in ("fxopt explain: 1 graph(s), 0 graph break(s), forward+backward",
+                  "options: {'tempo': True}", "predicted memory, plain autograd: peak",
+                  "activations kept for backward", "pre_autograd", "not available yet"):
+        assert words in text, words
+    json.dumps(report.to_dict())  # plain data
+
+
+def test_report_shows_graph_breaks_with_reasons():
+    report = fxopt.explain(WithGraphBreak(), torch.randn(2, 11))
+    assert len(report.graphs) == 2
+    assert sum(b.count for b in report.graph_breaks) >= 1
+    assert any("graph_break" in b.reason.lower() or "graph break" in b.reason.lower()
+               for b in report.graph_breaks)
+    assert "graph break" in str(report)
+
+
+def test_explain_leaves_grads_and_buffers_as_they_were():
+    model = ConvNet().train()
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    fxopt.explain(model, torch.randn(2, 3, 8, 8))
+    assert all(p.grad is None for p in model.parameters())
+    for name, buffer in model.named_buffers():
+        torch.testing.assert_close(buffer, before[name], rtol=0, atol=0)
+
+
+def test_inference_only_output():
+    report = fxopt.explain(MLP().eval(), torch.randn(2, 13).requires_grad_(False))
+    # parameters require grad, so the step still has a backward
+    assert report.ran_backward
+    with torch.no_grad():
+        report = fxopt.explain(MLP(), torch.randn(2, 13))
+    assert not report.ran_backward and "forward only" in str(report)
+    assert "inference" in report.graphs[0].graphs
