@@ -23,12 +23,13 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx as fx
 
 from fxopt import _compat, config
+from fxopt.analysis.cost import GraphCost, graph_cost
 from fxopt.analysis.memory import (
     MemoryEstimate,
     estimate_forward_memory,
@@ -44,6 +45,7 @@ __all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
 log = logging.getLogger(__name__)
 
 _graph_ids = itertools.count()
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,7 +55,8 @@ class GraphRecord:
     ``graphs`` holds the final graph module per kind ("dynamo", "joint", "forward",
     "backward" or "inference"); ``memory`` the predicted step memory of plain autograd
     ("autograd", from the joint graph as AOTAutograd traced it) and of what fxopt runs
-    ("fxopt", once the backward is compiled, or the inference graph).
+    ("fxopt", once the backward is compiled, or the inference graph); ``cost`` the FLOPs
+    and bytes moved of each final forward/backward/inference graph.
     """
 
     name: str
@@ -62,6 +65,7 @@ class GraphRecord:
     passes: list[PassRecord] = field(default_factory=list)
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
     memory: dict[str, MemoryEstimate | None] = field(default_factory=dict)
+    cost: dict[str, GraphCost | None] = field(default_factory=dict)
     compile_seconds: float = 0.0
     fallback: str | None = None  # why part of the graph runs uncompiled or without Inductor
 
@@ -196,7 +200,7 @@ class _GraphCompiler:
         def estimate(gm: fx.GraphModule) -> MemoryEstimate:
             return estimate_joint_memory(gm, num_fwd_outputs)
 
-        self.record.memory["autograd"] = _safe_estimate(estimate, joint)
+        self.record.memory["autograd"] = _report_only(estimate, joint)
         ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
                             num_fwd_outputs=num_fwd_outputs)
         joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
@@ -226,7 +230,7 @@ class _GraphCompiler:
 
         ctx = self._context(Stage.BACKWARD, GraphKind.BACKWARD, example_inputs, estimate)
         compiled = self._finish(Stage.BACKWARD, gm, ctx, example_inputs)
-        self.record.memory["fxopt"] = _safe_estimate(estimate, self.record.graphs["backward"])
+        self.record.memory["fxopt"] = _report_only(estimate, self.record.graphs["backward"])
         self.record.compile_seconds += time.perf_counter() - start
         return compiled
 
@@ -234,7 +238,7 @@ class _GraphCompiler:
         ctx = self._context(Stage.FORWARD, GraphKind.INFERENCE, example_inputs,
                             estimate_forward_memory)
         compiled = self._finish(Stage.FORWARD, gm, ctx, example_inputs)
-        self.record.memory["fxopt"] = _safe_estimate(estimate_forward_memory,
+        self.record.memory["fxopt"] = _report_only(estimate_forward_memory,
                                                      self.record.graphs["inference"])
         return compiled
 
@@ -242,6 +246,7 @@ class _GraphCompiler:
                 example_inputs: Sequence[Any]) -> Any:
         gm = run_stage(stage, gm, ctx, self.record.passes, self.instruments)
         self.record.graphs[ctx.graph_kind.value] = gm
+        self.record.cost[ctx.graph_kind.value] = _report_only(graph_cost, gm)
         if self.options.codegen == "inductor":
             try:
                 return self._inductor(stage, copy_graph_module(gm), ctx, example_inputs)
@@ -268,13 +273,13 @@ class _GraphCompiler:
             max_autotune=self.options.inductor_max_autotune)
 
 
-def _safe_estimate(estimate: Callable[[fx.GraphModule], MemoryEstimate | None],
-                   gm: fx.GraphModule) -> MemoryEstimate | None:
-    """Memory predictions feed reports; one that fails is logged, never raised."""
+def _report_only(analysis: Callable[[fx.GraphModule], T], gm: fx.GraphModule) -> T | None:
+    """Predictions feed reports; an analysis that fails is logged, never raised."""
     try:
-        return estimate(gm)
+        return analysis(gm)
     except Exception:
-        log.warning("fxopt: memory prediction failed", exc_info=True)
+        log.warning("fxopt: %s failed", getattr(analysis, "__name__", "analysis"),
+                    exc_info=True)
         return None
 
 

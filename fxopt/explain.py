@@ -59,6 +59,8 @@ class ExplainReport:
                 "name": g.name, "dynamo_nodes": g.dynamo_nodes, "fallback": g.fallback,
                 "compile_seconds": g.compile_seconds,
                 "memory": {k: _memory_dict(v) for k, v in g.memory.items()},
+                "cost": {k: None if c is None else {"flops": c.flops, "bytes": c.bytes}
+                         for k, c in g.cost.items()},
                 "passes": [{**{k: v for k, v in vars(r).items()
                                if not k.startswith("memory")},
                             "memory_before": _memory_dict(r.memory_before),
@@ -168,6 +170,10 @@ def _render(report: ExplainReport) -> list[str]:
                      f"compiled in {graph.compile_seconds:.2f}s")
         if graph.fallback:
             lines.append(f"  FALLBACK: {graph.fallback}")
+        costs = [f"{kind} {c.flops / 1e6:,.1f} MFLOP, {c.bytes / 2**20:,.2f} MiB moved"
+                 for kind, c in graph.cost.items() if c is not None]
+        if costs:
+            lines.append(f"  cost: {'; '.join(costs)}")
         for label, key in (("plain autograd", "autograd"), ("fxopt", "fxopt")):
             m = graph.memory.get(key)
             if m is not None:

@@ -21,10 +21,14 @@ def test_report_lists_graphs_passes_and_memory():
     assert not report.fired("tempo")
     graph = report.graphs[0]
     assert graph.memory["autograd"].peak_bytes > 0 and graph.memory["fxopt"].peak_bytes > 0
+    # two Linear layers, batch 4: 2*4*13*37 + 2*4*37*5 matmul FLOPs, plus pointwise work
+    assert graph.cost["forward"].by_kind()["matmul"].flops == 2 * 4 * 13 * 37 + 2 * 4 * 37 * 5
+    assert graph.cost["backward"].flops > graph.cost["forward"].flops
     text = str(report)
     for words in ("fxopt explain: 1 graph(s), 0 graph break(s), forward+backward",
                   "options: {'tempo': True}", "predicted memory, plain autograd: peak",
-                  "activations kept for backward", "pre_autograd", "not available yet"):
+                  "activations kept for backward", "pre_autograd", "not available yet",
+                  "cost: forward", "MFLOP"):
         assert words in text, words
     json.dumps(report.to_dict())  # plain data
 
