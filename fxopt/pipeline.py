@@ -83,34 +83,37 @@ def run_stage(stage: Stage, gm: fx.GraphModule, ctx: PassContext,
     """Run every pass of ``stage`` on ``gm``; returns the final graph module."""
     for instrument in instruments:
         _observe(instrument.stage_started, ctx, gm)
-    memory = _Memo(ctx)
+    memory = _LastEstimate(ctx)
     for spec in passes_for(stage):
         gm = _run_pass(spec, gm, ctx, records, instruments, memory)
     return gm
 
 
-class _Memo:
-    """Memory predictions by graph identity, so an unchanged graph is not simulated twice."""
+class _LastEstimate:
+    """The memory prediction of the stage's current graph, computed once: a pass's
+    'before' is the previous pass's 'after'. It holds the graph itself (not its id, which
+    Python may reuse for a later graph once this one is freed)."""
 
     def __init__(self, ctx: PassContext) -> None:
         self._ctx = ctx
-        self._cache: dict[int, MemoryEstimate | None] = {}
+        self._graph: fx.GraphModule | None = None
+        self._estimate: MemoryEstimate | None = None
 
     def __call__(self, gm: fx.GraphModule) -> MemoryEstimate | None:
-        key = id(gm)
-        if key not in self._cache:
+        if gm is not self._graph:
+            self._graph = gm
             try:
-                self._cache[key] = self._ctx.estimate_memory(gm)
+                self._estimate = self._ctx.estimate_memory(gm)
             except Exception:  # a prediction is a report, never a reason to stop training
                 log.warning("fxopt: memory prediction failed on %s", self._ctx.graph_name,
                             exc_info=True)
-                self._cache[key] = None
-        return self._cache[key]
+                self._estimate = None
+        return self._estimate
 
 
 def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
               records: list[PassRecord], instruments: tuple[Instrument, ...],
-              memory: _Memo) -> fx.GraphModule:
+              memory: _LastEstimate) -> fx.GraphModule:
     enabled, reason = spec.decide(ctx)
     record = PassRecord(name=spec.name, stage=ctx.stage.value, graph=ctx.graph_name,
                         status="skipped", reason=reason)

@@ -165,3 +165,20 @@ def test_debug_dir_failure_never_reaches_training(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning escapes either: the failure is logged
         assert_same_as_eager(MLP(), (torch.randn(2, 13),), {"debug_dir": str(blocked)})
+
+
+def leaves_the_graph_alone(gm, ctx):
+    return PassResult(gm, False, {"looked_at": len(gm.graph.nodes)})
+
+
+def test_passes_chain_and_memory_before_is_the_previous_after():
+    with extra_passes(spec(gelu_to_erf_formula, Stage.FORWARD),
+                      spec(leaves_the_graph_alone, Stage.FORWARD)):
+        comparison = assert_same_as_eager(MultiGelu(), (torch.randn(4, 9),))
+    first, second = [r for r in comparison.passes
+                     if r.name in ("gelu_to_erf_formula", "leaves_the_graph_alone")]
+    assert first.fired and second.status == "unchanged" and not second.fired
+    assert second.nodes_before == first.nodes_after
+    assert second.memory_before == first.memory_after
+    # the erf formula keeps more intermediates alive than one gelu node
+    assert first.memory_after.peak_bytes >= first.memory_before.peak_bytes
