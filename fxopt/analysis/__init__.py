@@ -23,7 +23,9 @@ from fxopt.analysis.cost import (
 from fxopt.analysis.measure import (
     LiveStorageTracker,
     MeasuredMemory,
+    SavedBytes,
     measure_peak_memory,
+    measure_saved_bytes,
     run_graph,
     run_step_graphs,
 )
@@ -43,8 +45,9 @@ from fxopt.analysis.shapes import (
 
 __all__ = [
     "KINDS", "GraphCost", "LiveStorageTracker", "MeasuredMemory", "MemoryEstimate", "NodeCost",
-    "ensure_fake_values", "estimate_forward_memory", "estimate_joint_memory",
-    "estimate_step_memory", "graph_cost", "is_view_op", "measure_peak_memory", "nbytes",
+    "SavedBytes", "ensure_fake_values", "estimate_forward_memory", "estimate_joint_memory",
+    "estimate_step_memory", "graph_cost", "is_view_op", "measure_peak_memory",
+    "measure_saved_bytes", "nbytes",
     "node_cost", "run_graph", "run_step_graphs", "size_hint", "storage_nbytes",
     "tensor_values",
 ]

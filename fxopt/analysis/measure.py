@@ -37,8 +37,8 @@ from torch.utils._pytree import tree_leaves
 
 from fxopt.analysis.shapes import size_hint
 
-__all__ = ["LiveStorageTracker", "MeasuredMemory", "measure_peak_memory", "run_graph",
-           "run_step_graphs"]
+__all__ = ["LiveStorageTracker", "MeasuredMemory", "SavedBytes", "measure_peak_memory",
+           "measure_saved_bytes", "run_graph", "run_step_graphs"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,38 @@ def measure_peak_memory(fn: Callable[[], Any], *,
                               tracker.allocations)
     log.debug("measured: %s", measured)
     return measured
+
+
+@dataclass(frozen=True)
+class SavedBytes:
+    bytes: int     # distinct storages autograd kept for backward, the excluded ones left out
+    tensors: int   # saved tensors seen (several may share a storage)
+
+
+def measure_saved_bytes(fn: Callable[[], Any], *, exclude: Iterable[torch.Tensor] = ()
+                        ) -> SavedBytes:
+    """The bytes autograd keeps for backward while ``fn`` runs its forward, measured with
+    ``torch.autograd.graph.saved_tensors_hooks``: this works around a compiled call too
+    (AOTAutograd saves through ``save_for_backward``), where a dispatch mode cannot look.
+    Storages of ``exclude`` (parameters, caller-owned inputs) are not counted, matching
+    ``MemoryEstimate.activation_bytes``. Returns what ``fn`` saved; its result is dropped."""
+    excluded = {id(s) for s in _storages(exclude)}
+    kept = _storages(exclude)  # hold them, so their ids stay theirs while we compare
+    saved: dict[int, torch.UntypedStorage] = {}
+    count = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += 1
+        storage = t.untyped_storage()
+        if id(storage) not in excluded:
+            saved.setdefault(id(storage), storage)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    del kept
+    return SavedBytes(bytes=sum(s.nbytes() for s in saved.values()), tensors=count)
 
 
 def run_graph(gm: fx.GraphModule, args: list[Any]) -> list[Any]:
