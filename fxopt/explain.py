@@ -96,12 +96,16 @@ def explain(model: Any, *args: Any, options: Mapping[str, Any] | None = None,
                          graph_breaks=breaks, ran_backward=loss is not None)
 
 
+def differentiable_outputs(output: Any) -> list[torch.Tensor]:
+    """The floating-point tensors in a model's output (any pytree, e.g. a ModelOutput)
+    that require grad: what a loss for a test or an explain step is built from."""
+    return [t for t in pytree.tree_leaves(output)
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+
+
 def _loss_of(output: Any) -> torch.Tensor | None:
-    leaves = [t for t in pytree.tree_leaves(output)
-              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
-    if not leaves:
-        return None
-    return sum(t.float().sum() for t in leaves)
+    leaves = differentiable_outputs(output)
+    return sum(t.float().sum() for t in leaves) if leaves else None
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 
 from fxopt import passes
 from fxopt.compiler import Backend, GraphRecord
+from fxopt.explain import differentiable_outputs
 from fxopt.passes import PassSpec
 from fxopt.pipeline import PassRecord
 
@@ -63,8 +64,7 @@ def _clone_args(args: Any) -> Any:
 def _loss(output: Any, seed: int) -> torch.Tensor | None:
     """A weighted sum of the float outputs, with fixed random weights, so that every
     output element gets a distinct gradient (a plain sum hides many mistakes)."""
-    leaves = [t for t in pytree.tree_leaves(output)
-              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    leaves = differentiable_outputs(output)
     if not leaves:
         return None
     generator = torch.Generator().manual_seed(seed)

@@ -158,7 +158,7 @@ class _Simulation:
 
     def result(self, *, saved: list[fx.Node] | tuple[()]) -> MemoryEstimate:
         end = len(self.steps)
-        death = [b for b in self.birth]  # a storage nobody uses dies where it was born
+        death = list(self.birth)  # a storage nobody uses dies where it was born
         for node, tree in self.trees.items():
             last = max([self.step_of.get(node, -1), self.extra_death.get(node, -1)]
                        + [self.step_of[u] for u in node.users if u in self.step_of])

@@ -18,11 +18,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from functorch.compile import make_boxed_func
+from models import ConvNet  # tests/models.py: the conv net the backend tests use too
 from torch import fx, nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import default_partition
-
-from models import ConvNet  # tests/models.py: the conv net the backend tests use too
 
 
 @dataclass
