@@ -141,46 +141,12 @@ def measure_saved_bytes(fn: Callable[[], Any], *, exclude: Iterable[torch.Tensor
 
 def run_graph(gm: fx.GraphModule, args: list[Any]) -> list[Any]:
     """Run a graph on real values the way fx's boxed code does: ``args`` is cleared once
-    the placeholders are bound, and every value is dropped right after its last use.
-    Autograd is off, as in AOTAutograd's runtime: the graphs are already differentiated,
-    and recording them would keep every intermediate alive."""
+    the placeholders are bound, and every value is dropped right after its last use
+    (``fx.Interpreter.boxed_run``). Autograd is off, as in AOTAutograd's runtime: the
+    graphs are already differentiated, and recording them would keep every intermediate
+    alive."""
     with torch.no_grad():
-        return _run_graph(gm, args)
-
-
-def _run_graph(gm: fx.GraphModule, args: list[Any]) -> list[Any]:
-    nodes = list(gm.graph.nodes)
-    last_use: dict[fx.Node, int] = {}
-    for i, node in enumerate(nodes):
-        for inp in node.all_input_nodes:
-            last_use[inp] = i
-    env: dict[fx.Node, Any] = {}
-    placeholders = [n for n in nodes if n.op == "placeholder"]
-    if len(placeholders) != len(args):
-        raise ValueError(f"{len(placeholders)} placeholders, {len(args)} arguments")
-    env.update(zip(placeholders, args))
-    args.clear()
-    for p in placeholders:
-        if p not in last_use:
-            del env[p]
-    for i, node in enumerate(nodes):
-        if node.op == "output":
-            return list(fx.node.map_arg(node.args[0], env.__getitem__))
-        if node.op == "call_function":
-            fn_args = fx.node.map_arg(node.args, env.__getitem__)
-            fn_kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-            env[node] = node.target(*fn_args, **fn_kwargs)
-            del fn_args, fn_kwargs
-        elif node.op == "get_attr":
-            env[node] = _fetch_attr(gm, node.target)
-        elif node.op != "placeholder":
-            raise NotImplementedError(f"run_graph: {node.op} nodes are not supported")
-        for inp in node.all_input_nodes:
-            if last_use[inp] == i:
-                del env[inp]
-        if node.op != "placeholder" and node not in last_use:
-            del env[node]
-    raise ValueError("graph has no output node")
+        return list(fx.Interpreter(gm).boxed_run(args))
 
 
 def run_step_graphs(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule,
@@ -212,13 +178,6 @@ def _ones_like_fake(val: torch.Tensor) -> torch.Tensor:
                             [size_hint(s) for s in val.stride()], dtype=val.dtype,
                             device=val.device)
     return t.fill_(1)
-
-
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _storages(values: Iterable[Any]) -> list[torch.UntypedStorage]:
