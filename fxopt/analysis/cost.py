@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
 from fxopt import _compat
-from fxopt.analysis.shapes import nbytes, size_hint, tensor_values
+from fxopt.analysis.shapes import nbytes, numel, size_hint, tensor_values
 
 __all__ = [
     "KINDS",
@@ -155,16 +155,16 @@ def node_cost(node: fx.Node) -> NodeCost:
     if "val" not in node.meta:
         raise ValueError(f"node {node.name} has no meta['val']; run ensure_fake_values first")
     kind = _kind(node.target)
-    inputs = [n for n in node.all_input_nodes]
+    inputs = node.all_input_nodes
     bytes_read = sum(nbytes(t) for n in inputs for t in tensor_values(n))
     outputs = tensor_values(node)
     bytes_written = sum(nbytes(t) for t in outputs)
     if kind in ("matmul", "conv", "attention"):
         flops = _registry_flops(node)
     elif kind == "pointwise":
-        flops = sum(_numel(t) for t in outputs)
+        flops = sum(numel(t) for t in outputs)
     elif kind == "reduction":
-        flops = max((_numel(t) for n in inputs for t in tensor_values(n)), default=0)
+        flops = max((numel(t) for n in inputs for t in tensor_values(n)), default=0)
     else:
         flops = 0
     return NodeCost(kind, flops, bytes_read, bytes_written)
@@ -213,10 +213,3 @@ def _registry_flops(node: fx.Node) -> int:
     args, kwargs, out = tree_map(concrete, (node.args, node.kwargs, node.meta["val"]))
     packet = getattr(node.target, "overloadpacket", node.target)
     return int(flop_registry[packet](*args, **kwargs, out_val=out))
-
-
-def _numel(t: torch.Tensor) -> int:
-    n = 1
-    for s in t.shape:
-        n *= size_hint(s)
-    return n

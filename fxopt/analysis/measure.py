@@ -120,8 +120,8 @@ def measure_saved_bytes(fn: Callable[[], Any], *, exclude: Iterable[torch.Tensor
     (AOTAutograd saves through ``save_for_backward``), where a dispatch mode cannot look.
     Storages of ``exclude`` (parameters, caller-owned inputs) are not counted, matching
     ``MemoryEstimate.activation_bytes``. Returns what ``fn`` saved; its result is dropped."""
-    excluded = {id(s) for s in _storages(exclude)}
-    kept = _storages(exclude)  # hold them, so their ids stay theirs while we compare
+    kept = _storages(exclude)  # held here, so their ids stay theirs while we compare
+    excluded = {id(s) for s in kept}
     saved: dict[int, torch.UntypedStorage] = {}
     count = 0
 
@@ -135,7 +135,6 @@ def measure_saved_bytes(fn: Callable[[], Any], *, exclude: Iterable[torch.Tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    del kept
     return SavedBytes(bytes=sum(s.nbytes() for s in saved.values()), tensors=count)
 
 

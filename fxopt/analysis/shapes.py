@@ -27,7 +27,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from fxopt import _compat
 
-__all__ = ["ensure_fake_values", "nbytes", "size_hint", "storage_nbytes", "tensor_values"]
+__all__ = ["ensure_fake_values", "nbytes", "numel", "size_hint", "storage_nbytes",
+           "tensor_values"]
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,19 @@ def tensor_values(node: fx.Node) -> list[torch.Tensor]:
     return [v for v in _flat(node.meta.get("val")) if isinstance(v, torch.Tensor)]
 
 
+def numel(t: torch.Tensor) -> int:
+    """Number of elements, symbolic sizes resolved by their hints."""
+    count = 1
+    for s in t.shape:
+        count *= size_hint(s)
+    return count
+
+
 def nbytes(t: Any) -> int:
     """numel x itemsize of a tensor (its logical size); 0 for anything that is not one."""
     if not isinstance(t, torch.Tensor):
         return 0
-    numel = 1
-    for s in t.shape:
-        numel *= size_hint(s)
-    return numel * t.element_size()
+    return numel(t) * t.element_size()
 
 
 def storage_nbytes(t: Any) -> int:
