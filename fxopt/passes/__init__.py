@@ -16,6 +16,7 @@ from fxopt.passes.base import (
     RewriteCounter,
     Stage,
 )
+from fxopt.passes.fuse_rnn import fuse_rnn
 
 __all__ = [
     "GraphKind", "PassContext", "PassResult", "PassSpec", "RewriteCounter", "Stage",
@@ -27,7 +28,7 @@ PIPELINE: list[PassSpec] = [
         name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=None, issue="#6",
         description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
     PassSpec(
-        name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=None, issue="#5",
+        name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn, issue="#5",
         description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
     PassSpec(
         name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,), run=None,

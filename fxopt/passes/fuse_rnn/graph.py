@@ -1,0 +1,154 @@
+"""What the fuse_rnn rewrites share: recognising torch-level calls in Dynamo's graph, the
+dtype rules of autocast regions, and emitting the fused cell op.
+
+Dynamo's graph spells one operation several ways (``torch.sigmoid(x)``, ``x.sigmoid()``,
+``F.sigmoid(x)``; ``a * b``, ``torch.mul``): :func:`is_op` accepts all of them. Fake values
+are in ``node.meta["example_value"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+import fxopt.kernels.rnn  # noqa: F401  (registers the fxopt::lstm_cell / gru_cell ops)
+from fxopt.passes.base import PassContext
+
+PASS = "fuse_rnn"
+
+_FUNCTIONS: dict[str, tuple[Any, ...]] = {
+    "sigmoid": (torch.sigmoid, F.sigmoid, torch.special.expit),
+    "tanh": (torch.tanh, F.tanh),
+    "mul": (operator.mul, torch.mul),
+    "add": (operator.add, torch.add),
+    "sub": (operator.sub, torch.sub),
+    "chunk": (torch.chunk,),
+}
+
+
+def is_op(node: Any, name: str) -> bool:
+    """Whether ``node`` calls ``name`` as a function or a tensor method (no extra kwargs such
+    as ``alpha=``, which would change the math)."""
+    if not isinstance(node, fx.Node) or node.kwargs and name != "chunk":
+        return False
+    if node.op == "call_method":
+        return node.target == name
+    return node.op == "call_function" and node.target in _FUNCTIONS[name]
+
+
+def value(node: Any) -> Any:
+    """The fake value Dynamo recorded for ``node`` (None for non-nodes or missing values)."""
+    return node.meta.get("example_value") if isinstance(node, fx.Node) else None
+
+
+def tensor_value(node: Any) -> torch.Tensor | None:
+    v = value(node)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def same_shape(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two fake values surely have one shape, without adding a guard: equal ints,
+    or the same symbolic expression (``dynamic=True``)."""
+    return x.dim() == y.dim() and all(
+        p == q if isinstance(p, int) and isinstance(q, int) else str(p) == str(q)
+        for p, q in zip(x.shape, y.shape))
+
+
+def autocast_dtypes(graph: fx.Graph) -> dict[fx.Node, dict[str, torch.dtype]]:
+    """For each node, the autocast regions it is in: {device type: lower-precision dtype}.
+    Dynamo records ``with torch.autocast(...)`` as ``_enter_autocast``/``_exit_autocast``
+    calls; a projection emitted inside one gets its dtype."""
+    active: dict[fx.Node, tuple[str, torch.dtype, bool]] = {}
+    result: dict[fx.Node, dict[str, torch.dtype]] = {}
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", "")
+        if node.op == "call_function" and name == "_enter_autocast":
+            device_type, dtype, enabled = node.args[:3]
+            active[node] = (device_type, dtype, bool(enabled))
+        elif node.op == "call_function" and name == "_exit_autocast" and node.args:
+            active.pop(node.args[0], None)
+        regions: dict[str, torch.dtype] = {}
+        for device_type, dtype, enabled in active.values():  # later regions override
+            if enabled:
+                regions[device_type] = dtype
+            else:
+                regions.pop(device_type, None)
+        result[node] = regions
+    return result
+
+
+@dataclass
+class Rewrite:
+    """One pass run's shared state: the graph, the context, autocast regions and stats."""
+
+    gm: fx.GraphModule
+    ctx: PassContext
+    fused: dict[str, int] = field(default_factory=dict)
+    declined: dict[str, int] = field(default_factory=dict)
+    hoisted_projections: int = 0
+
+    def __post_init__(self) -> None:
+        self.autocast = autocast_dtypes(self.gm.graph)
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.gm.graph
+
+    def decline(self, what: str, reason: str) -> None:
+        key = f"{what}: {reason}"
+        self.declined[key] = self.declined.get(key, 0) + 1
+
+    def count(self, what: str) -> None:
+        self.fused[what] = self.fused.get(what, 0) + 1
+
+    def projection_dtype(self, at: fx.Node, x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
+        """The dtype of ``linear(x, w)`` emitted next to ``at`` (autocast casts GEMMs)."""
+        region = self.autocast.get(at, {}).get(x.device.type)
+        if region is not None and x.is_floating_point():
+            return region
+        return torch.promote_types(x.dtype, w.dtype)
+
+    def emit(self, target: Any, *args: Any, method: bool = False,
+             replaces: list[str] | None = None, like: fx.Node | None = None) -> fx.Node:
+        """A new node (inserted at the graph's current insertion point), marked as ours;
+        ``like``: the node whose value it stands for, so later matches can read it."""
+        op = "call_method" if method else "call_function"
+        node = self.graph.create_node(op, target, args)
+        node.meta["fxopt"] = {"pass": PASS, "replaces": list(replaces or [])}
+        if like is not None and "example_value" in like.meta:
+            node.meta["example_value"] = like.meta["example_value"]
+        return node
+
+    @staticmethod
+    def state_dtype_for(state_dtype: torch.dtype, proj_dtype: torch.dtype,
+                        expected: torch.dtype) -> torch.dtype | None:
+        """The dtype the state must have for the fused op to return ``expected`` (eager's
+        dtype): its own, or ``expected`` where autocast casts a built-in cell's state to
+        the lower precision; None when no state dtype gives eager's dtype."""
+        if torch.promote_types(proj_dtype, state_dtype) == expected:
+            return state_dtype
+        if torch.promote_types(proj_dtype, expected) == expected:
+            return expected
+        return None
+
+    def cast(self, node: fx.Node, dtype: torch.dtype, to: torch.dtype,
+             replaces: list[str]) -> fx.Node:
+        return node if dtype == to else self.emit("to", node, to, method=True,
+                                                  replaces=replaces)
+
+    def fused_cell(self, kind: str, a: fx.Node, b: fx.Node, state: fx.Node,
+                   bias_a: fx.Node | None, bias_b: fx.Node | None, order: tuple[int, ...],
+                   replaces: list[str]) -> fx.Node:
+        op = torch.ops.fxopt.lstm_cell.default if kind == "lstm" else (
+            torch.ops.fxopt.gru_cell.default)
+        return self.emit(op, a, b, state, bias_a, bias_b, list(order), replaces=replaces)
+
+    def stats(self) -> dict[str, Any]:
+        return {"fused": dict(self.fused), "declined": dict(self.declined),
+                "hoisted_input_projections": self.hoisted_projections}
+

@@ -1,0 +1,136 @@
+"""fuse_rnn's rewrite of whole ``nn.LSTM`` / ``nn.GRU`` calls (``torch.lstm`` / ``torch.gru``
+in Dynamo's graph; Dynamo traces them only with ``torch._dynamo.config.allow_rnn = True``,
+otherwise it breaks the graph around the module and runs it eagerly).
+
+Each layer and direction becomes: the input projection of the whole sequence as one GEMM,
+then per time step the hidden projection (one GEMM) and the fused cell op; the steps'
+hidden states are stacked into the layer's output (directions concatenated on the feature
+dimension), the last states into ``h_n`` (and ``c_n``). Multi-layer, ``batch_first``, with
+or without bias, bidirectional. Declined with the reason: packed sequences, ``proj_size``,
+inter-layer dropout while training (cuDNN draws its own dropout masks, so no rewrite can
+reproduce eager's), unbatched input, a symbolic sequence length, and very long sequences
+(the unrolled graph would be huge).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
+from fxopt.passes.fuse_rnn.graph import Rewrite, tensor_value, value
+
+LINEAR = torch._C._nn.linear
+# Unrolled time steps (layers x directions x steps) above which a module is left alone:
+# the Python graph and its compile time grow with every step.
+MAX_UNROLLED_STEPS = 2048
+
+
+class _Decline(Exception):
+    pass
+
+
+def _parse(node: fx.Node, kind: str) -> tuple:
+    if node.kwargs or len(node.args) != 9:
+        raise _Decline("unrecognised arguments")
+    x, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first = node.args
+    if not isinstance(params, (list, tuple)):
+        raise _Decline("packed sequence")
+    if kind == "lstm" and not (isinstance(hx, (list, tuple)) and len(hx) == 2):
+        raise _Decline("unrecognised initial state")
+    directions = 2 if bidirectional else 1
+    if len(params) != layers * directions * (4 if has_biases else 2):
+        raise _Decline("proj_size or an unexpected weight list")
+    if dropout and train and layers > 1:
+        raise _Decline("inter-layer dropout while training")
+    xv = tensor_value(x)
+    if xv is None or xv.dim() != 3:
+        raise _Decline("unbatched input")
+    steps = xv.shape[1 if batch_first else 0]
+    if not isinstance(steps, int):
+        raise _Decline("symbolic sequence length")
+    if steps * layers * directions > MAX_UNROLLED_STEPS:
+        raise _Decline(f"more than {MAX_UNROLLED_STEPS} unrolled steps")
+    return x, hx, list(params), has_biases, layers, directions, bool(batch_first), steps
+
+
+def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
+               weights: list, h: fx.Node, c: fx.Node | None, time_dim: int, steps: int,
+               reverse: bool, state_dtype: torch.dtype, given: torch.dtype) -> tuple:
+    """Emit one layer's one direction; returns (outputs in time order, last h, last c)."""
+    w_ih, w_hh, b_ih, b_hh = (weights + [None, None])[:4]
+    replaces = [node.name]
+    emit = rw.emit
+    projected = emit(LINEAR, layer_input, w_ih, None, replaces=replaces)
+    if kind == "lstm":
+        c = rw.cast(c, given, state_dtype, replaces)
+    else:
+        h = rw.cast(h, given, state_dtype, replaces)
+    outputs = []
+    for t in (reversed(range(steps)) if reverse else range(steps)):
+        index = t if time_dim == 0 else (slice(None, None, None), t)
+        a = emit(operator.getitem, projected, index, replaces=replaces)
+        b = emit(LINEAR, h, w_hh, None, replaces=replaces)
+        state = c if kind == "lstm" else h
+        order = LSTM_ORDER if kind == "lstm" else GRU_ORDER
+        fused = rw.fused_cell(kind, a, b, state, b_ih, b_hh, order, replaces)
+        h = emit(operator.getitem, fused, 0, replaces=replaces)
+        if kind == "lstm":
+            c = emit(operator.getitem, fused, 1, replaces=replaces)
+        outputs.append(h)
+    return (outputs[::-1] if reverse else outputs), h, c
+
+
+def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
+    x, hx, params, has_biases, layers, directions, batch_first, steps = _parse(node, kind)
+    h0, c0 = hx if kind == "lstm" else (hx, None)
+    expected = value(node)[0].dtype
+    xv, wv, sv = tensor_value(x), tensor_value(params[0]), tensor_value(h0 if c0 is None
+                                                                       else c0)
+    state_dtype = rw.state_dtype_for(sv.dtype, rw.projection_dtype(node, xv, wv), expected)
+    if state_dtype is None or tensor_value(h0).dtype != sv.dtype:
+        raise _Decline(f"eager returns {expected}, the fused op would not")
+    if any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
+        raise _Decline("the result is used other than by index")
+    if not rw.ctx.rewrites.allow():
+        return
+    per = 4 if has_biases else 2
+    time_dim = 1 if batch_first else 0
+    emit = rw.emit
+    with rw.graph.inserting_before(node):
+        layer_input, last_h, last_c = x, [], []
+        for layer in range(layers):
+            outs = []
+            for d in range(directions):
+                k = layer * directions + d
+                h = emit(operator.getitem, h0, k, replaces=[node.name])
+                c = emit(operator.getitem, c0, k, replaces=[node.name]) if c0 is not None else None
+                seq, h, c = _direction(rw, kind, node, layer_input,
+                                       params[k * per:(k + 1) * per], h, c, time_dim,
+                                       steps, d == 1, state_dtype, sv.dtype)
+                outs.append(emit(torch.stack, seq, time_dim, replaces=[node.name]))
+                last_h.append(h)
+                last_c.append(c)
+            layer_input = outs[0] if directions == 1 else emit(
+                torch.cat, outs, 2, replaces=[node.name])
+        results = [layer_input, emit(torch.stack, last_h, 0, replaces=[node.name])]
+        if kind == "lstm":
+            results.append(emit(torch.stack, last_c, 0, replaces=[node.name]))
+    for user in list(node.users):
+        user.replace_all_uses_with(results[user.args[1]])
+        rw.graph.erase_node(user)
+    rw.graph.erase_node(node)
+    rw.count(f"{kind}_module")
+
+
+def rewrite_modules(rw: Rewrite) -> None:
+    """Unroll every ``torch.lstm`` / ``torch.gru`` call into fused cell steps."""
+    targets = {torch.lstm: "lstm", torch.gru: "gru"}
+    for node in [n for n in rw.graph.nodes if n.op == "call_function" and n.target in targets]:
+        kind = targets[node.target]
+        try:
+            _rewrite_one(rw, node, kind)
+        except _Decline as why:
+            rw.decline(f"{kind}_module", str(why))
