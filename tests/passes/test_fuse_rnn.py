@@ -1,0 +1,185 @@
+"""fuse_rnn on every form it supports: outputs and all gradients equal to eager, and fired.
+
+Batch 3, hidden 37, 5 steps; fp32 and bf16 autocast. Under ``TRITON_INTERPRET=1`` the fused
+ops run their Triton kernels, otherwise the torch reference. ``nn.LSTM``/``nn.GRU`` reach the
+pass only with Dynamo's ``allow_rnn`` (else Dynamo runs them eagerly).
+"""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from fxopt.testing import TOLERANCES, assert_same_as_eager
+
+B, H, IN, STEPS = 3, 37, 11, 5
+ON = {"fuse_rnn": True, "strict": True}
+# Under autocast eager computes the gates from bf16 GEMMs and returns fp32 states: its fp32
+# results carry bf16 rounding, so they are compared at bf16 tolerance.
+AUTOCAST_TOLERANCES = {torch.float32: TOLERANCES[torch.bfloat16]}
+
+
+class CellLoop(nn.Module):
+    """An nn.LSTMCell / nn.GRUCell stepped through a sequence in a Python loop."""
+
+    def __init__(self, kind, batch_first=False):
+        super().__init__()
+        self.kind, self.batch_first = kind, batch_first
+        self.cell = (nn.LSTMCell if kind == "lstm" else nn.GRUCell)(IN, H)
+
+    def forward(self, x, h, c):
+        outputs = []
+        for t in range(x.shape[1 if self.batch_first else 0]):
+            step = x[:, t] if self.batch_first else x[t]
+            if self.kind == "lstm":
+                h, c = self.cell(step, (h, c))
+            else:
+                h = self.cell(step, h)
+            outputs.append(h)
+        return torch.stack(outputs), c
+
+
+class HandLSTM(nn.Module):
+    """An LSTM cell as research code writes it: gate order i, f, o, g; a bias on the input
+    projection only (or on both)."""
+
+    def __init__(self, hidden_bias=False):
+        super().__init__()
+        self.wi, self.wh = nn.Linear(IN, 4 * H), nn.Linear(H, 4 * H, bias=hidden_bias)
+
+    def forward(self, x, h, c):
+        for t in range(x.shape[0]):
+            gates = self.wi(x[t]) + self.wh(h)
+            i, f, o, g = gates.chunk(4, dim=-1)
+            c = torch.sigmoid(f) * c + i.sigmoid() * torch.tanh(g)
+            h = o.sigmoid() * c.tanh()
+        return h, c
+
+
+def _inputs(batch_first=False):
+    torch.manual_seed(0)
+    x = torch.randn(*((B, STEPS) if batch_first else (STEPS, B)), IN, requires_grad=True)
+    return x, torch.randn(B, H, requires_grad=True), torch.randn(B, H, requires_grad=True)
+
+
+def _stats(comparison):
+    (record,) = [r for r in comparison.passes if r.name == "fuse_rnn"]
+    return record.stats
+
+
+@pytest.mark.parametrize("kind,batch_first", [("lstm", False), ("gru", True)])
+def test_cell_loops(kind, batch_first):
+    comparison = assert_same_as_eager(CellLoop(kind, batch_first), _inputs(batch_first), ON)
+    assert comparison.fired("fuse_rnn")
+    stats = _stats(comparison)
+    assert stats["fused"] == {f"{kind}_cell": STEPS} and not stats["declined"]
+    assert stats["hoisted_input_projections"] == 1  # one GEMM for all steps' inputs
+
+
+@pytest.mark.parametrize("hidden_bias", [False, True])
+def test_handwritten_lstm(hidden_bias):
+    comparison = assert_same_as_eager(HandLSTM(hidden_bias), _inputs(), ON)
+    assert comparison.fired("fuse_rnn")
+    assert _stats(comparison)["fused"] == {"handwritten_lstm": STEPS}
+
+
+@pytest.mark.parametrize("model", [HandLSTM(), CellLoop("lstm")], ids=["hand", "cell"])
+def test_bf16_autocast(model):
+    def run(x, h, c):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x, h, c)
+
+    comparison = assert_same_as_eager(run, _inputs(), ON, tolerances=AUTOCAST_TOLERANCES)
+    assert comparison.fired("fuse_rnn")
+
+
+@pytest.mark.parametrize("make,kind", [
+    (lambda: nn.LSTM(IN, H, num_layers=2), "lstm"),
+    (lambda: nn.LSTM(IN, H, bias=False, batch_first=True, bidirectional=True), "lstm"),
+    (lambda: nn.GRU(IN, H, num_layers=2, batch_first=True, bidirectional=True), "gru"),
+], ids=["lstm-2layer", "lstm-nobias-bidir-batchfirst", "gru-2layer-bidir-batchfirst"])
+def test_rnn_modules_with_initial_states(make, kind):
+    module = make()
+    directions = 2 if module.bidirectional else 1
+    x = _inputs(module.batch_first)[0]
+    h0 = torch.randn(module.num_layers * directions, B, H, requires_grad=True)
+    state = (h0, torch.randn_like(h0, requires_grad=True)) if kind == "lstm" else h0
+    with torch._dynamo.config.patch(allow_rnn=True):
+        comparison = assert_same_as_eager(module, (x, state), ON)
+    assert comparison.fired("fuse_rnn")
+    assert _stats(comparison)["fused"] == {f"{kind}_module": 1}
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, vocab=23):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, H)
+        self.lstm = nn.LSTM(H, H, num_layers=2, batch_first=True)
+        self.head = nn.Linear(H, vocab)
+
+    def forward(self, tokens):
+        return self.head(self.lstm(self.embed(tokens))[0])
+
+
+def test_lstm_language_model_trains_like_eager():
+    """Three SGD steps: the weights change between steps, so nothing may be cached stale."""
+    torch.manual_seed(0)
+    eager = LanguageModel()
+    fused = copy.deepcopy(eager)
+    tokens = torch.randint(0, 23, (B, STEPS + 1))
+    with torch._dynamo.config.patch(allow_rnn=True):
+        from fxopt.compiler import Backend
+
+        backend = Backend(ON)
+        compiled = torch.compile(fused, backend=backend)
+        for model in (eager, compiled):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+            losses = []
+            for _ in range(3):
+                logits = model(tokens[:, :-1])
+                loss = nn.functional.cross_entropy(logits.reshape(-1, 23),
+                                                   tokens[:, 1:].reshape(-1))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.detach())
+            model.losses = losses
+    torch.testing.assert_close(torch.stack(fused.losses), torch.stack(eager.losses))
+    assert fused.losses[0] > fused.losses[-1]
+    for (name, p_eager), p_fused in zip(eager.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(p_fused, p_eager, msg=name)
+    assert any(r.fired for g in backend.graphs for r in g.passes if r.name == "fuse_rnn")
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+def test_declines_proj_size_with_reason():
+    module = nn.LSTM(IN, H, proj_size=5)
+    with torch._dynamo.config.patch(allow_rnn=True):
+        comparison = assert_same_as_eager(module, (_inputs()[0],), ON)
+    assert not comparison.fired("fuse_rnn")
+    assert _stats(comparison)["declined"] == {
+        "lstm_module: proj_size or an unexpected weight list": 1}
+
+
+class LeakyGateLSTM(HandLSTM):
+    """A cell whose forget gate is also returned: fusing would lose that use."""
+
+    def forward(self, x, h, c):
+        gates = self.wi(x[0]) + self.wh(h)
+        i, f, o, g = gates.chunk(4, dim=-1)
+        forget = f.sigmoid()
+        c = forget * c + i.sigmoid() * g.tanh()
+        return o.sigmoid() * c.tanh(), c, forget
+
+
+def test_declines_a_cell_whose_intermediates_escape():
+    comparison = assert_same_as_eager(LeakyGateLSTM(), _inputs(), ON)
+    assert not comparison.fired("fuse_rnn")
+    assert _stats(comparison)["declined"] == {
+        "handwritten_lstm: an intermediate value is used outside the cell": 1}
+
+
+def test_dynamic_batch():
+    comparison = assert_same_as_eager(CellLoop("lstm"), _inputs(), ON, dynamic=True)
+    assert comparison.fired("fuse_rnn")
