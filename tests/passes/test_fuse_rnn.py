@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from models import Block
 from torch import nn
 
 from fxopt.testing import TOLERANCES, assert_same_as_eager
@@ -57,6 +58,23 @@ class HandLSTM(nn.Module):
         return h, c
 
 
+class HandGRU(nn.Module):
+    """A GRU cell as research code writes it, batch first, gate order z, r, n."""
+
+    def __init__(self):
+        super().__init__()
+        self.wi, self.wh = nn.Linear(IN, 3 * H), nn.Linear(H, 3 * H)
+
+    def forward(self, x, h, c):
+        for t in range(x.shape[1]):
+            i_z, i_r, i_n = self.wi(x[:, t]).chunk(3, 1)
+            h_z, h_r, h_n = self.wh(h).chunk(3, 1)
+            r, z = torch.sigmoid(h_r + i_r), torch.sigmoid(i_z + h_z)
+            n = torch.tanh(i_n + r * h_n)
+            h = (1 - z) * n + h * z
+        return h
+
+
 def _inputs(batch_first=False):
     torch.manual_seed(0)
     x = torch.randn(*((B, STEPS) if batch_first else (STEPS, B)), IN, requires_grad=True)
@@ -81,7 +99,17 @@ def test_cell_loops(kind, batch_first):
 def test_handwritten_lstm(hidden_bias):
     comparison = assert_same_as_eager(HandLSTM(hidden_bias), _inputs(), ON)
     assert comparison.fired("fuse_rnn")
-    assert _stats(comparison)["fused"] == {"handwritten_lstm": STEPS}
+    stats = _stats(comparison)
+    assert stats["fused"] == {"handwritten_lstm": STEPS}
+    assert stats["hoisted_input_projections"] == 1  # x[t] @ W_ih for all t: one GEMM
+
+
+def test_handwritten_gru():
+    comparison = assert_same_as_eager(HandGRU(), _inputs(batch_first=True), ON)
+    assert comparison.fired("fuse_rnn")
+    stats = _stats(comparison)
+    assert stats["fused"] == {"handwritten_gru": STEPS} and not stats["declined"]
+    assert stats["hoisted_input_projections"] == 1
 
 
 @pytest.mark.parametrize("model", [HandLSTM(), CellLoop("lstm")], ids=["hand", "cell"])
@@ -183,3 +211,28 @@ def test_declines_a_cell_whose_intermediates_escape():
 def test_dynamic_batch():
     comparison = assert_same_as_eager(CellLoop("lstm"), _inputs(), ON, dynamic=True)
     assert comparison.fired("fuse_rnn")
+
+
+class InterpolatingGRU(HandGRU):
+    """A GRU written with the update ``n + z * (h - n)``: the same math, another graph."""
+
+    def forward(self, x, h, c):
+        i_z, i_r, i_n = self.wi(x[:, 0]).chunk(3, 1)
+        h_z, h_r, h_n = self.wh(h).chunk(3, 1)
+        r, z = torch.sigmoid(h_r + i_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return n + z * (h - n)
+
+
+def test_declines_another_gru_update_with_reason():
+    comparison = assert_same_as_eager(InterpolatingGRU(), _inputs(batch_first=True), ON)
+    assert not comparison.fired("fuse_rnn")
+    assert _stats(comparison)["declined"] == {
+        "handwritten_gru: the hidden update is not (1 - z) * n + z * h": 1}
+
+
+def test_leaves_graphs_without_cells_alone():
+    """A transformer block splits and activates tensors too; none of it is a cell."""
+    comparison = assert_same_as_eager(Block(dim=16, heads=2), (torch.randn(3, 5, 16),), ON)
+    assert not comparison.fired("fuse_rnn")
+    assert _stats(comparison) == {"fused": {}, "declined": {}, "hoisted_input_projections": 0}

@@ -5,7 +5,9 @@ Runs at PRE_AUTOGRAD on Dynamo's torch-level graph and rewrites, in this order:
    the input projection of each layer hoisted into one GEMM;
 2. ``nn.LSTMCell`` / ``nn.GRUCell`` calls (`cells`), the input projection hoisted when an
    unrolled loop steps through one sequence;
-3. hand-written LSTM cells (`handwritten`).
+3. hand-written LSTM and GRU cells (`handwritten`, `handwritten_gru`);
+
+and hoists the input projections of unrolled loops into one GEMM each (`hoist`).
 
 Each fused step is the ``fxopt::lstm_cell`` / ``fxopt::gru_cell`` custom op of
 `fxopt.kernels.rnn` (Triton forward and backward kernels where Triton runs, the torch
@@ -21,6 +23,7 @@ from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.fuse_rnn.cells import rewrite_builtin_cells
 from fxopt.passes.fuse_rnn.graph import Rewrite
 from fxopt.passes.fuse_rnn.handwritten import rewrite_handwritten_lstm
+from fxopt.passes.fuse_rnn.handwritten_gru import rewrite_handwritten_gru
 from fxopt.passes.fuse_rnn.modules import rewrite_modules
 
 __all__ = ["fuse_rnn"]
@@ -32,4 +35,5 @@ def fuse_rnn(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     rewrite_modules(rw)
     rewrite_builtin_cells(rw)
     rewrite_handwritten_lstm(rw)
+    rewrite_handwritten_gru(rw)
     return PassResult(gm, bool(rw.fused), rw.stats())

@@ -20,12 +20,17 @@ import torch
 import torch.fx as fx
 
 from fxopt.passes.fuse_rnn.graph import Rewrite, is_op, same_shape, tensor_value
+from fxopt.passes.fuse_rnn.hoist import hoist_input_projections
+from fxopt.passes.fuse_rnn.matching import (
+    NoMatch,
+    NotACell,
+    gate_pieces,
+    is_gate_split,
+    only_user,
+    other_operand,
+)
 
 WHAT = "handwritten_lstm"
-
-
-class _NoMatch(Exception):
-    """The chunk is not the gate split of an LSTM cell we can fuse (with the reason)."""
 
 
 @dataclass
@@ -40,69 +45,40 @@ class _Cell:
     internal: list[fx.Node]  # the nodes the fused op replaces, in graph order
 
 
-def _only_user(node: fx.Node) -> fx.Node:
-    if len(node.users) != 1:
-        raise _NoMatch("an intermediate value is used outside the cell")
-    return next(iter(node.users))
-
-
-def _other(node: fx.Node, known: fx.Node) -> object:
-    """The operand of a binary ``node`` that is not ``known``."""
-    x, y = node.args
-    return y if x is known else x
-
-
-def _is_chunk4(node: fx.Node) -> bool:
-    if not is_op(node, "chunk"):
-        return False
-    chunks = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks")
-    return chunks == 4
-
-
 def _match(chunk: fx.Node) -> _Cell:
     gates_value = tensor_value(chunk.args[0])
-    dim = chunk.args[2] if len(chunk.args) > 2 else chunk.kwargs.get("dim", 0)
-    if gates_value is None or gates_value.dim() != 2 or dim not in (1, -1):
-        raise _NoMatch("not a 4-way split of 2-D gates along the last dimension")
+    pieces = gate_pieces(chunk, 4)
+    acts = {index: only_user(piece) for index, piece in pieces.items()}
+    tanhs = [k for k, act in acts.items() if is_op(act, "tanh")]
+    sigmoids = [k for k, act in acts.items() if is_op(act, "sigmoid")]
+    if len(tanhs) != 1 or len(sigmoids) != 3:
+        raise NotACell("the gate nonlinearities are not three sigmoids and one tanh")
     pre = chunk.args[0]
     if not is_op(pre, "add") or len(pre.args) != 2 or not all(
             isinstance(t, fx.Node) and tensor_value(t) is not None
             and same_shape(tensor_value(t), gates_value) for t in pre.args):
-        raise _NoMatch("the gates are not the sum of two full-size projections")
-    pieces = {}
-    for user in chunk.users:
-        if not (user.op == "call_function" and user.target is operator.getitem
-                and isinstance(user.args[1], int)):
-            raise _NoMatch("the chunks are used other than by index")
-        pieces[user.args[1] % 4] = user
-    if sorted(pieces) != [0, 1, 2, 3]:
-        raise _NoMatch("not all four gates are used")
-    acts = {index: _only_user(piece) for index, piece in pieces.items()}
-    tanhs = [k for k, act in acts.items() if is_op(act, "tanh")]
-    sigmoids = [k for k, act in acts.items() if is_op(act, "sigmoid")]
-    if len(tanhs) != 1 or len(sigmoids) != 3:
-        raise _NoMatch("the gate nonlinearities are not three sigmoids and one tanh")
+        raise NoMatch("the gates are not the sum of two full-size projections")
     g_index = tanhs[0]
     gate_of = {act: k for k, act in acts.items()}
-    ig = _only_user(acts[g_index])
-    i_act = _other(ig, acts[g_index]) if is_op(ig, "mul") else None
+    ig = only_user(acts[g_index])
+    i_act = other_operand(ig, acts[g_index]) if is_op(ig, "mul") else None
     if gate_of.get(i_act) not in sigmoids:
-        raise _NoMatch("the tanh gate is not multiplied by a sigmoid gate")
-    c_new = _only_user(ig)
+        raise NoMatch("the tanh gate is not multiplied by a sigmoid gate")
+    c_new = only_user(ig)
     if not is_op(c_new, "add"):
-        raise _NoMatch("the cell update is not f * c + i * g")
-    fc = _other(c_new, ig)
+        raise NoMatch("the cell update is not f * c + i * g")
+    fc = other_operand(c_new, ig)
     f_act = next((x for x in getattr(fc, "args", ()) if gate_of.get(x) in sigmoids
                   and x is not i_act), None)
-    if not is_op(fc, "mul") or f_act is None or _only_user(fc) is not c_new:
-        raise _NoMatch("the cell update is not f * c + i * g")
-    c_prev = _other(fc, f_act)
-    _only_user(f_act), _only_user(i_act)
+    if not is_op(fc, "mul") or f_act is None or only_user(fc) is not c_new:
+        raise NoMatch("the cell update is not f * c + i * g")
+    c_prev = other_operand(fc, f_act)
+    only_user(f_act), only_user(i_act)
     (o_index,) = set(sigmoids) - {gate_of[i_act], gate_of[f_act]}
-    h_new = _only_user(acts[o_index])
-    tc = _other(h_new, acts[o_index]) if is_op(h_new, "mul") else None
-    if not (is_op(tc, "tanh") and tc.args[0] is c_new and _only_user(tc) is h_new):
-        raise _NoMatch("the hidden state is not o * tanh(c)")
+    h_new = only_user(acts[o_index])
+    tc = other_operand(h_new, acts[o_index]) if is_op(h_new, "mul") else None
+    if not (is_op(tc, "tanh") and tc.args[0] is c_new and only_user(tc) is h_new):
+        raise NoMatch("the hidden state is not o * tanh(c)")
     internal = [chunk, *pieces.values(), *acts.values(), ig, fc, c_new, tc, h_new]
     order = (gate_of[i_act], gate_of[f_act], g_index, o_index)
     return _Cell(pre.args[0], pre.args[1], c_prev, c_new, h_new, pre, order, internal)
@@ -112,21 +88,24 @@ def _check_values(cell: _Cell) -> None:
     a, b, c = (tensor_value(n) for n in (cell.a, cell.b, cell.c_prev))
     h, c_new = tensor_value(cell.h_new), tensor_value(cell.c_new)
     if c is None or not (same_shape(c, h) and same_shape(c_new, h)):
-        raise _NoMatch("the cell state is not a [batch, hidden] tensor (broadcasting)")
+        raise NoMatch("the cell state is not a [batch, hidden] tensor (broadcasting)")
     dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), c.dtype)
     if not (h.dtype == c_new.dtype == dtype):
-        raise _NoMatch(f"eager returns {h.dtype}, the fused op would return {dtype}")
+        raise NoMatch(f"eager returns {h.dtype}, the fused op would return {dtype}")
     if not all(t.is_floating_point() for t in (a, b, c)):
-        raise _NoMatch("integer tensors")
+        raise NoMatch("integer tensors")
 
 
 def rewrite_handwritten_lstm(rw: Rewrite) -> None:
     """Replace every hand-written LSTM cell found by the fused op."""
-    for chunk in [n for n in rw.graph.nodes if _is_chunk4(n)]:
+    projections = []
+    for chunk in [n for n in rw.graph.nodes if is_gate_split(n, 4)]:
         try:
             cell = _match(chunk)
             _check_values(cell)
-        except _NoMatch as why:
+        except NotACell:
+            continue
+        except NoMatch as why:
             rw.decline(WHAT, str(why))
             continue
         if not rw.ctx.rewrites.allow():
@@ -146,3 +125,5 @@ def rewrite_handwritten_lstm(rw: Rewrite) -> None:
         if not cell.pre.users:  # the summed gates were only split for the cell
             rw.graph.erase_node(cell.pre)
         rw.count(WHAT)
+        projections += [cell.a, cell.b]
+    hoist_input_projections(rw, projections)
