@@ -12,6 +12,9 @@ import torch
 from models import Block
 from torch import nn
 
+from fxopt.config import Options
+from fxopt.passes import GraphKind, PassContext, Stage
+from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.testing import TOLERANCES, assert_same_as_eager
 
 B, H, IN, STEPS = 3, 37, 11, 5
@@ -112,13 +115,16 @@ def test_handwritten_gru():
     assert stats["hoisted_input_projections"] == 1
 
 
-@pytest.mark.parametrize("model", [HandLSTM(), CellLoop("lstm")], ids=["hand", "cell"])
-def test_bf16_autocast(model):
+@pytest.mark.parametrize("model,batch_first", [
+    (HandLSTM(), False), (HandGRU(), True), (CellLoop("lstm"), False), (CellLoop("gru"), False),
+], ids=["hand-lstm", "hand-gru", "lstm-cell", "gru-cell"])
+def test_bf16_autocast(model, batch_first):
     def run(x, h, c):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return model(x, h, c)
 
-    comparison = assert_same_as_eager(run, _inputs(), ON, tolerances=AUTOCAST_TOLERANCES)
+    comparison = assert_same_as_eager(run, _inputs(batch_first), ON,
+                                      tolerances=AUTOCAST_TOLERANCES)
     assert comparison.fired("fuse_rnn")
 
 
@@ -236,3 +242,29 @@ def test_leaves_graphs_without_cells_alone():
     comparison = assert_same_as_eager(Block(dim=16, heads=2), (torch.randn(3, 5, 16),), ON)
     assert not comparison.fired("fuse_rnn")
     assert _stats(comparison) == {"fused": {}, "declined": {}, "hoisted_input_projections": 0}
+
+
+def test_declines_rnn_modules_under_autocast():
+    """Eager nn.LSTM under CPU autocast returns bf16 (oneDNN) where Dynamo's traced value
+    says fp32 (torch.compile returns fp32 there with any backend), so the pass cannot know
+    eager's dtypes: it declines. The pass runs on the captured graph directly, since an
+    equality test with eager would fail on torch.compile's own dtype."""
+    module = nn.LSTM(IN, H)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def run(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return module(x)
+
+    with torch._dynamo.config.patch(allow_rnn=True):
+        torch.compile(run, backend=capture)(_inputs()[0])
+    ctx = PassContext(options=Options(), stage=Stage.PRE_AUTOGRAD, graph_kind=GraphKind.DYNAMO,
+                      graph_name="g0", device=torch.device("cpu"))
+    result = fuse_rnn(graphs[0], ctx)
+    assert not result.modified
+    assert result.stats["declined"] == {"lstm_module: inside an autocast region (eager's "
+                                        "dtypes depend on the oneDNN or cuDNN path)": 1}

@@ -8,8 +8,9 @@ hidden states are stacked into the layer's output (directions concatenated on th
 dimension), the last states into ``h_n`` (and ``c_n``). Multi-layer, ``batch_first``, with
 or without bias, bidirectional. Declined with the reason: packed sequences, ``proj_size``,
 inter-layer dropout while training (cuDNN draws its own dropout masks, so no rewrite can
-reproduce eager's), unbatched input, a symbolic sequence length, and very long sequences
-(the unrolled graph would be huge).
+reproduce eager's), autocast regions (eager's dtypes there depend on the library path it
+takes), unbatched input, a symbolic sequence length, and very long sequences (the unrolled
+graph would be huge).
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
 def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
     x, hx, params, has_biases, layers, directions, batch_first, steps = _parse(node, kind)
     h0, c0 = hx if kind == "lstm" else (hx, None)
+    if rw.autocast.get(node):
+        # Dynamo's fake value can disagree with eager here: on the CPU eager takes oneDNN's
+        # path and returns bf16 where the traced value says fp32 (seen with torch 2.13).
+        raise _Decline("inside an autocast region (eager's dtypes depend on the oneDNN or "
+                       "cuDNN path)")
     expected = value(node)[0].dtype
     xv, wv, sv = tensor_value(x), tensor_value(params[0]), tensor_value(h0 if c0 is None
                                                                        else c0)
