@@ -1,11 +1,12 @@
 """fuse_rnn's rewrite of ``torch.lstm_cell`` / ``torch.gru_cell`` (what Dynamo records for
 ``nn.LSTMCell`` / ``nn.GRUCell``).
 
-A cell becomes ``linear(x, W_ih)``, ``linear(h, W_hh)`` (the hidden projection: one GEMM
-per step) and the fused op, which adds both biases. When the cells of an unrolled loop step
-through one sequence, their input projections become one GEMM (`hoist`). Declined with the
-reason: unbatched (1-D) input, hidden and cell states of different shapes, and a dtype the
-fused op would not reproduce.
+A cell becomes ``linear(x, W_ih, b_ih)``, ``linear(h, W_hh)`` (the hidden projection: one
+GEMM per step) and the fused op, which adds ``b_hh`` (``b_ih`` rides in the input GEMM, so
+its gradient is one reduction when the projection is hoisted). When the cells of an
+unrolled loop step through one sequence, their input projections become one GEMM
+(`hoist`). Declined with the reason: unbatched (1-D) input, hidden and cell states of
+different shapes, and a dtype the fused op would not reproduce.
 """
 
 from __future__ import annotations
@@ -67,11 +68,11 @@ def rewrite_builtin_cells(rw: Rewrite) -> None:
             continue
         with rw.graph.inserting_before(cell):
             state = rw.cast(c, cv.dtype, state_dtype, [cell.name])
-            a = rw.emit(LINEAR, x, w_ih, None, replaces=[cell.name])
+            a = rw.emit(LINEAR, x, w_ih, b_ih, replaces=[cell.name])
             projections.append(a)
             b = rw.emit(LINEAR, h, w_hh, None, replaces=[cell.name])
             order = LSTM_ORDER if kind == "lstm" else GRU_ORDER
-            fused = rw.fused_cell(kind, a, b, state, b_ih, b_hh, order, [cell.name])
+            fused = rw.fused_cell(kind, a, b, state, None, b_hh, order, [cell.name])
             result = fused if kind == "lstm" else rw.emit(
                 operator.getitem, fused, 0, replaces=[cell.name], like=cell)
         cell.replace_all_uses_with(result)

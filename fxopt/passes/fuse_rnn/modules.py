@@ -2,15 +2,16 @@
 in Dynamo's graph; Dynamo traces them only with ``torch._dynamo.config.allow_rnn = True``,
 otherwise it breaks the graph around the module and runs it eagerly).
 
-Each layer and direction becomes: the input projection of the whole sequence as one GEMM,
-then per time step the hidden projection (one GEMM) and the fused cell op; the steps'
-hidden states are stacked into the layer's output (directions concatenated on the feature
-dimension), the last states into ``h_n`` (and ``c_n``). Multi-layer, ``batch_first``, with
-or without bias, bidirectional. Declined with the reason: packed sequences, ``proj_size``,
-inter-layer dropout while training (cuDNN draws its own dropout masks, so no rewrite can
-reproduce eager's), autocast regions (eager's dtypes there depend on the library path it
-takes), unbatched input, a symbolic sequence length, and very long sequences (the unrolled
-graph would be huge).
+Each layer and direction becomes: the input projection of the whole sequence (with
+``b_ih``) as one GEMM, then per time step the hidden projection (one GEMM) and the fused
+cell op; the steps' hidden states are stacked into the layer's output (directions
+concatenated on the feature dimension), the last states into ``h_n`` (and ``c_n``).
+Multi-layer, ``batch_first``, with or without bias, bidirectional.
+
+Declined with the reason: packed sequences, ``proj_size``, inter-layer dropout while
+training (cuDNN draws its own dropout masks, so no rewrite can reproduce eager's), autocast
+regions (eager's dtypes there depend on the library path it takes), unbatched input, a
+symbolic sequence length, and very long sequences (the unrolled graph would be huge).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch.fx as fx
 
 from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
 from fxopt.passes.fuse_rnn.graph import Rewrite, tensor_value, value
+from fxopt.passes.fuse_rnn.hoist import LINEAR
 
-LINEAR = torch._C._nn.linear
 # Unrolled time steps (layers x directions x steps) above which a module is left alone:
 # the Python graph and its compile time grow with every step.
 MAX_UNROLLED_STEPS = 2048
@@ -64,7 +65,7 @@ def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
     w_ih, w_hh, b_ih, b_hh = (weights + [None, None])[:4]
     replaces = [node.name]
     emit = rw.emit
-    projected = emit(LINEAR, layer_input, w_ih, None, replaces=replaces)
+    projected = emit(LINEAR, layer_input, w_ih, b_ih, replaces=replaces)  # all steps
     if kind == "lstm":
         c = rw.cast(c, given, state_dtype, replaces)
     else:
@@ -76,7 +77,7 @@ def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
         b = emit(LINEAR, h, w_hh, None, replaces=replaces)
         state = c if kind == "lstm" else h
         order = LSTM_ORDER if kind == "lstm" else GRU_ORDER
-        fused = rw.fused_cell(kind, a, b, state, b_ih, b_hh, order, replaces)
+        fused = rw.fused_cell(kind, a, b, state, None, b_hh, order, replaces)
         h = emit(operator.getitem, fused, 0, replaces=replaces)
         if kind == "lstm":
             c = emit(operator.getitem, fused, 1, replaces=replaces)
