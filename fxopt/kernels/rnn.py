@@ -15,6 +15,11 @@ What is saved, deliberately (the backward needs nothing recomputed through a GEM
 - GRU: ``r, z, n`` and the hidden-side candidate term ``hn = (h @ W_hn^T + b_hn)`` (one
   [B, 4H] buffer), and the previous hidden state.
 
+Weights: the projections read ``W_ih`` and ``W_hh`` in place (``linear`` hands cuBLAS the
+transposed operand, no copy), so no re-laid-out weight is cached that an optimizer step
+could leave stale; a kernel fusing the hidden GEMM with the gates (which would want a
+cached, re-laid-out ``W_hh``) is not built.
+
 The two projections are the op's inputs ``a`` (input side) and ``b`` (hidden side), each
 of the gates' shape [B, G*H]; a gate layout other than PyTorch's (i, f, g, o for the LSTM)
 is given by ``order``: ``order[k]`` is the chunk of ``a``/``b`` that holds gate ``k``. The
