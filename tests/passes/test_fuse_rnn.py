@@ -260,27 +260,45 @@ def test_leaves_graphs_without_cells_alone():
     assert _stats(comparison) == {"fused": {}, "declined": {}, "hoisted_input_projections": 0}
 
 
-def test_declines_rnn_modules_under_autocast():
-    """Eager nn.LSTM under CPU autocast returns bf16 (oneDNN) where Dynamo's traced value
-    says fp32 (torch.compile returns fp32 there with any backend), so the pass cannot know
-    eager's dtypes: it declines. The pass runs on the captured graph directly, since an
-    equality test with eager would fail on torch.compile's own dtype."""
-    module = nn.LSTM(IN, H)
+def _pass_on_captured_graph(fn, *args):
+    """fuse_rnn's result on the graph Dynamo captures for ``fn`` (for forms whose compiled
+    run cannot be compared with eager for reasons outside the pass)."""
     graphs = []
 
     def capture(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
+    with torch._dynamo.config.patch(allow_rnn=True):
+        torch.compile(fn, backend=capture)(*args)
+    ctx = PassContext(options=Options(), stage=Stage.PRE_AUTOGRAD, graph_kind=GraphKind.DYNAMO,
+                      graph_name="g0", device=torch.device("cpu"))
+    return fuse_rnn(graphs[0], ctx)
+
+
+def test_declines_rnn_modules_under_autocast():
+    """Eager nn.LSTM under CPU autocast returns bf16 (oneDNN) where Dynamo's traced value
+    says fp32 (torch.compile returns fp32 there with any backend), so the pass cannot know
+    eager's dtypes: it declines."""
+    module = nn.LSTM(IN, H)
+
     def run(x):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return module(x)
 
-    with torch._dynamo.config.patch(allow_rnn=True):
-        torch.compile(run, backend=capture)(_inputs()[0])
-    ctx = PassContext(options=Options(), stage=Stage.PRE_AUTOGRAD, graph_kind=GraphKind.DYNAMO,
-                      graph_name="g0", device=torch.device("cpu"))
-    result = fuse_rnn(graphs[0], ctx)
+    result = _pass_on_captured_graph(run, _inputs()[0])
     assert not result.modified
     assert result.stats["declined"] == {"lstm_module: inside an autocast region (eager's "
                                         "dtypes depend on the oneDNN or cuDNN path)": 1}
+
+
+def test_declines_inter_layer_dropout_while_training():
+    result = _pass_on_captured_graph(nn.GRU(IN, H, num_layers=2, dropout=0.3), _inputs()[0])
+    assert not result.modified
+    assert result.stats["declined"] == {"gru_module: inter-layer dropout while training": 1}
+
+
+def test_rewrite_limit_fuses_only_the_first_cells():
+    comparison = assert_same_as_eager(CellLoop("lstm"), _inputs(),
+                                      {**ON, "rewrite_limit": {"fuse_rnn": 2}})
+    assert _stats(comparison)["fused"] == {"lstm_cell": 2}
