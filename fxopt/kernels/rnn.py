@@ -339,8 +339,13 @@ def _grad_or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tenso
     return torch.zeros_like(like) if grad is None else grad
 
 
-def _bias_grad(d_pre: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    return None if bias is None else d_pre.sum(0).to(bias.dtype)
+def _bias_dtypes(*biases: torch.Tensor | None) -> tuple[torch.dtype | None, ...]:
+    """What backward needs to know of the biases (kept instead of the tensors themselves)."""
+    return tuple(None if b is None else b.dtype for b in biases)
+
+
+def _bias_grad(d_pre: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor | None:
+    return None if dtype is None else d_pre.sum(0).to(dtype)
 
 
 @torch.library.custom_op("fxopt::lstm_cell", mutates_args=())
@@ -379,7 +384,7 @@ def _lstm_setup_context(ctx, inputs, output):
     h, c_new, gates = output
     ctx.save_for_backward(gates, c, c_new)
     ctx.order, ctx.dtypes = order, (a.dtype, b.dtype, c.dtype)
-    ctx.biases = (bias_a, bias_b)
+    ctx.bias_dtypes = _bias_dtypes(bias_a, bias_b)
 
 
 def _lstm_backward(ctx, dh, dc, _dgates):
@@ -387,7 +392,7 @@ def _lstm_backward(ctx, dh, dc, _dgates):
     d_pre, dc_prev = lstm_cell_backward(_grad_or_zeros(dh, c_new), _grad_or_zeros(dc, c_new),
                                         gates, c, c_new, ctx.order)
     a_dtype, b_dtype, c_dtype = ctx.dtypes
-    bias_a, bias_b = ctx.biases
+    bias_a, bias_b = ctx.bias_dtypes
     return (d_pre.to(a_dtype), d_pre.to(b_dtype), dc_prev.to(c_dtype),
             _bias_grad(d_pre, bias_a), _bias_grad(d_pre, bias_b), None)
 
@@ -430,14 +435,14 @@ def _gru_setup_context(ctx, inputs, output):
     a, b, h, bias_a, bias_b, order = inputs
     ctx.save_for_backward(output[1], h)
     ctx.order, ctx.dtypes = order, (a.dtype, b.dtype, h.dtype)
-    ctx.biases = (bias_a, bias_b)
+    ctx.bias_dtypes = _bias_dtypes(bias_a, bias_b)
 
 
 def _gru_backward(ctx, dh, _dsaved):
     saved, h = ctx.saved_tensors
     da, db, dh_prev = gru_cell_backward(_grad_or_zeros(dh, h), saved, h, ctx.order)
     a_dtype, b_dtype, h_dtype = ctx.dtypes
-    bias_a, bias_b = ctx.biases
+    bias_a, bias_b = ctx.bias_dtypes
     return (da.to(a_dtype), db.to(b_dtype), dh_prev.to(h_dtype), _bias_grad(da, bias_a),
             _bias_grad(db, bias_b), None)
 

@@ -298,6 +298,16 @@ def test_declines_inter_layer_dropout_while_training():
     assert result.stats["declined"] == {"gru_module: inter-layer dropout while training": 1}
 
 
+def test_declines_float64():
+    """The kernels compute in fp32: fp64 cells stay as they are, exact."""
+    model = CellLoop("gru").double()
+    inputs = [t.detach().double().requires_grad_() for t in _inputs()]
+    comparison = assert_same_as_eager(model, inputs, ON)
+    assert not comparison.fired("fuse_rnn")
+    assert _stats(comparison)["declined"] == {
+        "gru_cell: torch.float64 (the kernels compute in fp32)": STEPS}
+
+
 def test_rewrite_limit_fuses_only_the_first_cells():
     comparison = assert_same_as_eager(CellLoop("lstm"), _inputs(),
                                       {**ON, "rewrite_limit": {"fuse_rnn": 2}})

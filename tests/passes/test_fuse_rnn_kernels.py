@@ -79,3 +79,17 @@ def test_lstm_cell_op_in_bfloat16_keeps_a_float32_state():
     assert h.dtype == c_new.dtype == torch.float32
     torch.testing.assert_close(h, h_ref)
     torch.testing.assert_close(c_new, c_ref)
+
+
+def test_lstm_cell_op_all_bfloat16():
+    """Everything bf16 (a state cast under CUDA autocast): bf16 results within one bf16
+    rounding of the fp32 math."""
+    torch.manual_seed(0)
+    a, b = (torch.randn(B, 4 * H, dtype=torch.bfloat16) for _ in range(2))
+    c = torch.randn(B, H, dtype=torch.bfloat16)
+    bias = torch.randn(4 * H, dtype=torch.bfloat16)
+    h, c_new, _ = rnn.lstm_cell(a, b, c, None, bias, list(rnn.LSTM_ORDER))
+    h_ref, c_ref = _lstm_eager(b.float(), a.float(), c.float(), bias.float(), rnn.LSTM_ORDER)
+    assert h.dtype == c_new.dtype == torch.bfloat16
+    torch.testing.assert_close(h.float(), h_ref, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(c_new.float(), c_ref, rtol=1.6e-2, atol=1e-2)

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
-from fxopt.passes.fuse_rnn.graph import Rewrite, same_shape, tensor_value, value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, same_shape, tensor_value, value
 from fxopt.passes.fuse_rnn.hoist import LINEAR, hoist_input_projections
 
 
@@ -54,6 +54,9 @@ def rewrite_builtin_cells(rw: Rewrite) -> None:
         expected = (outs[0] if isinstance(outs, (tuple, list)) else outs).dtype
         if any(v is None or v.dim() != 2 for v in (xv, hv, cv, wv, whv)):
             rw.decline(what, "unbatched or non-2D input or state")
+            continue
+        if (problem := dtype_problem(xv, hv, cv, wv, whv)) is not None:
+            rw.decline(what, problem)
             continue
         if not same_shape(hv, cv):
             rw.decline(what, "hidden and cell state shapes differ")

@@ -59,6 +59,18 @@ def same_shape(x: torch.Tensor, y: torch.Tensor) -> bool:
         for p, q in zip(x.shape, y.shape))
 
 
+# The kernels compute in fp32: exact enough for fp32, bf16 and fp16 values, not for fp64.
+_FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dtype_problem(*values: Any) -> str | None:
+    """Why tensors of these dtypes cannot go through the fused op (None when they can)."""
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.dtype not in _FUSABLE_DTYPES:
+            return f"{v.dtype} (the kernels compute in fp32)"
+    return None
+
+
 def autocast_dtypes(graph: fx.Graph) -> dict[fx.Node, dict[str, torch.dtype]]:
     """For each node, the autocast regions it is in: {device type: lower-precision dtype}.
     Dynamo records ``with torch.autocast(...)`` as ``_enter_autocast``/``_exit_autocast``

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fxopt.passes.fuse_rnn.graph import Rewrite, is_op, same_shape, tensor_value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, is_op, same_shape, tensor_value
 from fxopt.passes.fuse_rnn.hoist import hoist_input_projections
 from fxopt.passes.fuse_rnn.matching import (
     NoMatch,
@@ -92,8 +92,8 @@ def _check_values(cell: _Cell) -> None:
     dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), c.dtype)
     if not (h.dtype == c_new.dtype == dtype):
         raise NoMatch(f"eager returns {h.dtype}, the fused op would return {dtype}")
-    if not all(t.is_floating_point() for t in (a, b, c)):
-        raise NoMatch("integer tensors")
+    if (problem := dtype_problem(a, b, c)) is not None:
+        raise NoMatch(problem)
 
 
 def rewrite_handwritten_lstm(rw: Rewrite) -> None:

@@ -20,7 +20,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from fxopt.passes.fuse_rnn.graph import Rewrite, is_op, same_shape, tensor_value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, is_op, same_shape, tensor_value
 from fxopt.passes.fuse_rnn.hoist import hoist_input_projections
 from fxopt.passes.fuse_rnn.matching import (
     NoMatch,
@@ -106,6 +106,8 @@ def _check_values(a: fx.Node, b: fx.Node, h_prev: object, out: fx.Node) -> None:
     av, bv, hv, ov = (tensor_value(n) for n in (a, b, h_prev, out))
     if hv is None or not same_shape(hv, ov):
         raise NoMatch("the hidden state is not a [batch, hidden] tensor (broadcasting)")
+    if (problem := dtype_problem(av, bv, hv)) is not None:
+        raise NoMatch(problem)
     dtype = torch.promote_types(torch.promote_types(av.dtype, bv.dtype), hv.dtype)
     if ov.dtype != dtype:
         raise NoMatch(f"eager returns {ov.dtype}, the fused op would return {dtype}")

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
-from fxopt.passes.fuse_rnn.graph import Rewrite, tensor_value, value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, tensor_value, value
 from fxopt.passes.fuse_rnn.hoist import LINEAR
 
 # Unrolled time steps (layers x directions x steps) above which a module is left alone:
@@ -93,6 +93,9 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
         # path and returns bf16 where the traced value says fp32 (seen with torch 2.13).
         raise _Decline("inside an autocast region (eager's dtypes depend on the oneDNN or "
                        "cuDNN path)")
+    if (problem := dtype_problem(tensor_value(x), tensor_value(h0), *map(tensor_value, params))
+            ) is not None:
+        raise _Decline(problem)
     expected = value(node)[0].dtype
     xv, wv, sv = tensor_value(x), tensor_value(params[0]), tensor_value(h0 if c0 is None
                                                                        else c0)
