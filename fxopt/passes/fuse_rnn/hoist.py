@@ -4,7 +4,9 @@ and bias, the projections of all steps become one GEMM ``linear(X, W, b)`` up fr
 step reads its slice: one large, efficient GEMM instead of one small GEMM per step.
 
 Only the projections that feed fused cells are considered (the pass never touches other
-linears), and only groups of two or more, in one autocast region.
+linears), and only groups of two or more, in one autocast region, that use at least half
+of the sequence's steps (projecting all of a long sequence for a few steps would cost more
+than it saves).
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def leading_index(x: Any) -> tuple[fx.Node, Any] | None:
     return base, index
 
 
+def _steps(sequence: fx.Node, index: Any) -> float:
+    """How many slices ``index``'s kind of indexing can take from ``sequence`` (inf when a
+    size is symbolic)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    count = 1
+    for size, part in zip(tensor_value(sequence).shape, parts):
+        if isinstance(part, int):
+            if not isinstance(size, int):
+                return float("inf")
+            count *= size
+    return count
+
+
 def _key(rw: Rewrite, node: fx.Node) -> tuple | None:
     if not (node.op == "call_function" and node.target is LINEAR and not node.kwargs
             and len(node.args) in (2, 3)):
@@ -61,7 +76,7 @@ def hoist_input_projections(rw: Rewrite, projections: list[fx.Node]) -> None:
             groups.setdefault(key, []).append(node)
     order = {node: i for i, node in enumerate(rw.graph.nodes)}
     for (sequence, weight, bias, _), nodes in groups.items():
-        if len(nodes) < 2:
+        if len(nodes) < 2 or 2 * len(nodes) < _steps(sequence, nodes[0].args[0].args[1]):
             continue
         nodes.sort(key=order.__getitem__)
         replaces = [n.name for n in nodes]
