@@ -37,7 +37,7 @@ main{flex:1;overflow:auto;padding:8px 12px}
 .js .step{display:none}.js .step.shown{display:block}
 .sides{display:flex;gap:10px}.side{flex:1;min-width:0;max-height:70vh;overflow:auto}
 table{border-collapse:collapse;font:12px/1.3 ui-monospace,monospace;width:100%}
-td{padding:1px 5px;white-space:nowrap}
+td,th{padding:1px 5px;white-space:nowrap;text-align:left}
 tr.rm{background:#fdd}tr.add{background:#dfd}tr.chg{background:#ffedb3}
 tr.flash{outline:2px solid #c60}
 .only tr.same{display:none}
@@ -153,7 +153,8 @@ def _section(index: int, step: Step) -> str:
         rows = _rows(step_id, side, snapshot.nodes, status, links)
         sides.append(f'<div class="side" data-side="{side}"><h4>{label}: '
                      f"{escape(snapshot.label)} ({len(snapshot.nodes)} nodes)</h4>"
-                     f"<table>{''.join(rows)}</table></div>")
+                     f"<table><tr><th>node</th><th>target</th><th>shape</th><th>bytes</th>"
+                     f"<th>related</th></tr>{''.join(rows)}</table></div>")
     return (f'<section class="step" id="{step_id}" data-graph="{escape(step.title)}" '
             f'data-pass="{escape(step.name)}"><h2>{escape(step.title)}: '
             f"{escape(step.name)}</h2><p>{escape(summary_line(step))}</p>{_chart(step)}"
@@ -175,7 +176,7 @@ def render_html(steps: list[Step], title: str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
             f"<title>fxopt diff: {escape(title)}</title><style>{_CSS}</style></head>"
             f"<body><nav><strong>fxopt diff</strong><br>{escape(title)}"
-            f'<label><input type="checkbox" id="only" checked> only changed nodes</label>'
+            f'<br><label><input type="checkbox" id="only" checked> only changed nodes</label>'
             f"{''.join(nav)}</nav><main>{sections}</main>"
             f'<div id="detail">click a node for its details</div>'
             f"<script>{_JS}</script></body></html>")

@@ -53,11 +53,29 @@ def _provenance(node: dict[str, Any]) -> str:
     return f"by {made_by}" if made_by else ""
 
 
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _inputs_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Only the inputs that differ: ``inputs t -> permute`` when one input node was
+    swapped for another, ``-a +b`` when their number changed, else the text."""
+    before, after = old["uses"], new["uses"]
+    if before == after:
+        return f"inputs ({_short(old['inputs'])}) -> ({_short(new['inputs'])})"
+    if len(before) == len(after):
+        return "inputs " + ", ".join(f"{a} -> {b}" for a, b in zip(before, after) if a != b)
+    return "inputs " + " ".join([f"-{a}" for a in before if a not in after]
+                                + [f"+{b}" for b in after if b not in before])
+
+
 def _change(old: dict[str, Any], new: dict[str, Any]) -> str:
     parts = []
-    for key, label in (("op", "op"), ("target", "target"), ("inputs", "inputs")):
+    for key in ("op", "target"):
         if old[key] != new[key]:
-            parts.append(f"{label} ({old[key]}) -> ({new[key]})")
+            parts.append(f"{key} {old[key]} -> {new[key]}")
+    if old["inputs"] != new["inputs"]:
+        parts.append(_inputs_change(old, new))
     if (old["shapes"], old["dtypes"]) != (new["shapes"], new["dtypes"]):
         parts.append(f"{shape_text(old)} -> {shape_text(new)}")
     return "; ".join(parts)

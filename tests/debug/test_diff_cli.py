@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from debug_passes import true_diff
 
 from fxopt.__main__ import main
@@ -43,6 +44,11 @@ def test_reports_exactly_the_nodes_each_pass_added_removed_and_changed(mlp_dump,
         assert "by split_addmm, replaces addmm" in line
         assert "float32[3, " in line
     assert f"{record.graph} (stage forward)" in out
+    # the graph's outputs now name each addmm's replacement, the add at the end of it
+    output_line = next(line for line in out.splitlines() if line.split()[:2] == ["~", "output"])
+    swaps = {f"{node.meta['fxopt']['replaces'][0]} -> {node.name}" for node in after.graph.nodes
+             if node.target is torch.ops.aten.add.Tensor and "fxopt" in node.meta}
+    assert set(output_line.split("inputs ", 1)[1].split(", ")) == swaps
 
 
 def test_stat_prints_one_summary_per_pass_with_nodes_kernels_and_memory(mlp_dump, capsys):
