@@ -102,6 +102,7 @@ class Dump:
 
     root: Path
     entries: list[dict[str, Any]]
+    _loaded: dict[str, Snapshot] = field(default_factory=dict, repr=False)
 
     @property
     def graphs(self) -> list[str]:
@@ -109,12 +110,17 @@ class Dump:
         return list(dict.fromkeys(e["graph"] for e in self.entries))
 
     def snapshot(self, entry: dict[str, Any]) -> Snapshot:
-        path = self.root / entry["data"]
-        try:
-            data = json.loads(path.read_text())
-            return Snapshot(entry, list(data["nodes"]), data.get("memory"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DumpError(f"{path}: not a readable graph snapshot ({exc})") from exc
+        """The snapshot an index entry names, read once (a pass's output is the next
+        pass's input)."""
+        if entry["data"] not in self._loaded:
+            path = self.root / entry["data"]
+            try:
+                data = json.loads(path.read_text())
+                snapshot = Snapshot(entry, list(data["nodes"]), data.get("memory"))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise DumpError(f"{path}: not a readable graph snapshot ({exc})") from exc
+            self._loaded[entry["data"]] = snapshot
+        return self._loaded[entry["data"]]
 
     def chains(self, graph: str) -> dict[str, list[dict[str, Any]]]:
         """Per graph kind, its snapshots' entries in pipeline order."""
@@ -123,6 +129,9 @@ class Dump:
             if entry["graph"] == graph:
                 chains.setdefault(entry["kind"], []).append(entry)
         return chains
+
+
+_ENTRY_KEYS = ("graph", "kind", "stage", "file", "data")
 
 
 def load_dump(root: str | Path) -> Dump:
@@ -136,12 +145,12 @@ def load_dump(root: str | Path) -> Dump:
         raise DumpError(f"{root}: no {INDEX}; not an fxopt debug dump (was anything "
                         "compiled with debug_dir set to it?)")
     try:
-        files = json.loads(index.read_text())["files"]
-        entries = [e for e in files if e.get("data")]
-        for e in entries:
-            e["graph"], e["kind"], e["stage"]  # noqa: B018  (every entry has them)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        entries = [e for e in json.loads(index.read_text())["files"] if e.get("data")]
+        missing = {key for e in entries for key in _ENTRY_KEYS if key not in e}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DumpError(f"{index}: malformed index ({type(exc).__name__}: {exc})") from exc
+    if missing:
+        raise DumpError(f"{index}: malformed index (entries without {sorted(missing)})")
     if not entries:
         raise DumpError(f"{index}: lists no graphs")
     return Dump(root, entries)

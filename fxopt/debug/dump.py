@@ -67,7 +67,7 @@ class DebugDump:
 
     def pass_finished(self, record: PassRecord, before: fx.GraphModule,
                       after: fx.GraphModule) -> None:
-        plan = record.stats.get("plan")
+        plan = _plan_text(record)
         if record.status != "changed" and plan is None:
             return
         graph, kind = record.graph.split("/")
@@ -80,9 +80,8 @@ class DebugDump:
             else:
                 entry = self._entry(graph, status=record.status, **common)
             if plan is not None:
-                plan_file = f"{entry['stem']}.plan.json"
-                (self.root / plan_file).write_text(json.dumps(plan, indent=1))
-                entry["plan"] = plan_file
+                entry["plan"] = f"{entry['stem']}.plan.json"
+                (self.root / entry["plan"]).write_text(plan)
             self._add_to_index(entry)
 
     def _entry(self, graph: str, *, stage: str, kind: str, what: str,
@@ -122,6 +121,19 @@ class DebugDump:
             index = json.loads(path.read_text()) if path.exists() else {"files": []}
             index["files"] = [f for f in index["files"] if f["stem"] != entry["stem"]] + [entry]
             path.write_text(json.dumps(index, indent=1))
+
+
+def _plan_text(record: PassRecord) -> str | None:
+    """The pass's ``stats["plan"]`` as JSON; None when it has none or it is not plain
+    data (logged: the graph is still dumped, the plan is not)."""
+    if "plan" not in record.stats:
+        return None
+    try:
+        return json.dumps(record.stats["plan"], indent=1)
+    except (TypeError, ValueError) as exc:
+        log.warning("fxopt: the plan of pass %s on %s is not JSON-serialisable (%s); not "
+                    "dumped", record.name, record.graph, exc)
+        return None
 
 
 def _estimate(ctx: PassContext, gm: fx.GraphModule) -> MemoryEstimate | None:

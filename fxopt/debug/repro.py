@@ -13,6 +13,7 @@ indices, and 0/1 is in range of any index they could be.
 from __future__ import annotations
 
 import functools
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +124,13 @@ def input_specs(gm: fx.GraphModule) -> list[tuple[Any, ...]]:
 
 
 def _plain_code(gm: fx.GraphModule) -> str:
-    """The graph's readable class with a plain positional signature."""
-    plain = fx.GraphModule(gm, _compat.copy_graph(gm.graph), "GraphModule")
-    plain.graph.set_codegen(fx.graph.CodeGen())
-    plain.recompile()
-    return plain.print_readable(print_output=False, include_stride=True, include_device=True)
+    """The graph's code as a ``GraphModule`` class with a plain positional signature
+    (shape/dtype/stride comments as fx's readable print has them)."""
+    graph = _compat.copy_graph(gm.graph)
+    graph.set_codegen(fx.graph.CodeGen())
+    code = graph.python_code("self", verbose=True, include_stride=True,
+                             include_device=True).src.strip("\n")
+    return "class GraphModule(torch.nn.Module):\n" + textwrap.indent(code, "    ") + "\n"
 
 
 def _tensor_attributes(gm: fx.GraphModule) -> dict[str, torch.Tensor]:

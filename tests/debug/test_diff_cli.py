@@ -97,7 +97,7 @@ def test_missing_or_malformed_dump_exits_2_with_a_message(tmp_path, capsys):
     assert status == 2 and "malformed index" in err
     (tmp_path / "index.json").write_text(json.dumps({"files": [{"data": "g0/x.json"}]}))
     status, _, err = run(capsys, tmp_path)
-    assert status == 2 and "malformed index (KeyError" in err
+    assert status == 2 and "malformed index (entries without ['file', 'graph', 'kind'" in err
 
 
 def test_missing_snapshot_exits_2(mlp_dump, tmp_path, capsys):

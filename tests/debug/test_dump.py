@@ -83,15 +83,30 @@ def test_repro_runs_the_captured_graph_with_random_inputs(mlp_dump):
     assert lines[0] == "output 0: float32[37, 13]"
 
 
-def test_unserialisable_plan_is_logged_and_training_goes_on(tmp_path, caplog):
+def test_unserialisable_plan_is_logged_and_the_graphs_still_dumped(tmp_path, caplog):
     def bad_plan(gm, ctx):
         return PassResult(gm, False, {"plan": {"solver": object()}})
 
-    with extra_passes(spec(bad_plan, Stage.JOINT)), caplog.at_level(logging.WARNING):
-        assert_same_as_eager(MLP(), (torch.randn(2, 13),), {"debug_dir": str(tmp_path)})
-    assert "could not write the debug dump" in caplog.text
-    assert [e["kind"] for e in entries(tmp_path)] == ["dynamo", "joint", "forward",
-                                                     "backward"]
+    with extra_passes(spec(bad_plan, Stage.JOINT), SPLIT_ADDMM), caplog.at_level(
+            logging.WARNING):
+        comparison = assert_same_as_eager(MLP(), (torch.randn(2, 13),),
+                                          {"debug_dir": str(tmp_path)})
+    assert comparison.fired("split_addmm")
+    assert "the plan of pass bad_plan on g" in caplog.text and "not JSON-serialisable" in (
+        caplog.text)
+    assert [(e["kind"], e["pass_name"]) for e in entries(tmp_path)] == [
+        ("dynamo", None), ("joint", None), ("forward", None), ("forward", "split_addmm"),
+        ("backward", None)]
+
+
+def test_unwritable_dir_is_logged_and_training_goes_on(tmp_path, caplog):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("a file where the dump wants a folder")
+    with extra_passes(SPLIT_ADDMM), caplog.at_level(logging.WARNING):
+        comparison = assert_same_as_eager(MLP(), (torch.randn(2, 13),),
+                                          {"debug_dir": str(blocked)})
+    assert comparison.fired("split_addmm")
+    assert caplog.text.count(f"could not write the debug dump to {blocked}") == 5
 
 
 def test_environment_variable_sets_the_debug_dir(tmp_path, monkeypatch):

@@ -79,6 +79,20 @@ def test_page_holds_both_graphs_and_highlights_exactly_the_diff(mlp_dump, tmp_pa
     assert page.tags["svg"] == 1 and page.tags["polyline"] == 2  # memory before, after
 
 
+def test_page_comparing_two_dumps_has_a_section_per_graph_kind(mlp_dump, plain_dump, tmp_path):
+    out = tmp_path / "two.html"
+    assert main(["diff", str(plain_dump.root), str(mlp_dump.root), "--html", str(out)]) == 0
+    page = Page(out.read_text())
+    ((_, before, after),) = mlp_dump.recorder.changes
+    added, removed, changed = true_diff(before, after)
+    kinds = {s["graph"].split("/")[1]: s for s in page.sections.values()}
+    assert list(kinds) == ["dynamo", "joint", "forward", "backward"]
+    forward = kinds["forward"]
+    assert {n for n, c in forward["a"].items() if c == "add"} == added
+    assert {n for n, c in forward["b"].items() if c == "rm"} == removed
+    assert set(kinds["backward"]["b"].values()) == {"same"}
+
+
 def test_page_for_a_dump_no_pass_changed(plain_dump, tmp_path):
     page = Page(write_page(plain_dump.root, tmp_path / "none.html"))
     assert page.sections == {} and "no pass changed a graph" in page.text
