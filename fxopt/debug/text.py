@@ -34,13 +34,15 @@ def _memory(step: Step, key: str) -> str:
 
 
 def summary_line(step: Step) -> str:
-    """``pass: nodes 11 -> 19 (+10 -2 ~2), kernels 6 -> 14, activations ..., peak ...``"""
+    """``pass: nodes 11 -> 19 (+10 -2 ~2), kernels 6 -> 14, activations ..., peak ...``
+    and the pass's plan file when it wrote one."""
     diff = step.diff
+    plan = step.after.entry.get("plan")
     return (f"{step.name}: nodes {len(step.before.nodes)} -> {len(step.after.nodes)} "
             f"(+{len(diff.added)} -{len(diff.removed)} ~{len(diff.changed)}), "
             f"kernels {step.before.kernels} -> {step.after.kernels}, "
             f"activations {_memory(step, 'activation_bytes')}, "
-            f"peak {_memory(step, 'peak_bytes')}")
+            f"peak {_memory(step, 'peak_bytes')}" + (f", plan {plan}" if plan else ""))
 
 
 def _node_line(mark: str, node: dict[str, Any], note: str) -> str:

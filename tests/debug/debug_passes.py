@@ -12,8 +12,9 @@ aten = torch.ops.aten
 
 
 def split_addmm(gm: fx.GraphModule, ctx) -> PassResult:
-    """Each addmm(bias, x, w) becomes add(mm(x, w), bias): two new nodes replace one."""
-    changed = 0
+    """Each addmm(bias, x, w) becomes add(mm(x, w), bias): two new nodes replace one.
+    Its plan (in the stats) lists the nodes it split."""
+    split = []
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.addmm.default)):
         if node.kwargs or not ctx.rewrites.allow():
             continue
@@ -25,8 +26,8 @@ def split_addmm(gm: fx.GraphModule, ctx) -> PassResult:
             new.meta["fxopt"] = {"pass": "split_addmm", "replaces": [node.name]}
         node.replace_all_uses_with(total)
         gm.graph.erase_node(node)
-        changed += 1
-    return PassResult(gm, changed > 0, {"rewrites": changed})
+        split.append(node.name)
+    return PassResult(gm, bool(split), {"rewrites": len(split), "plan": {"split": split}})
 
 
 def plans_only(gm: fx.GraphModule, ctx) -> PassResult:

@@ -64,7 +64,8 @@ def test_stat_prints_one_summary_per_pass_with_nodes_kernels_and_memory(mlp_dump
         f"{format_bytes(record.memory_before.activation_bytes)} -> "
         f"{format_bytes(record.memory_after.activation_bytes)}, peak "
         f"{format_bytes(record.memory_before.peak_bytes)} -> "
-        f"{format_bytes(record.memory_after.peak_bytes)}")
+        f"{format_bytes(record.memory_after.peak_bytes)}, plan "
+        f"{record.graph.split('/')[0]}/04_forward_forward_split_addmm.plan.json")
     assert len(lines) == 2
 
 

@@ -62,6 +62,10 @@ def test_index_lists_every_file_in_pipeline_order_with_plan_and_repros(mlp_dump)
     plan = json.loads((mlp_dump.root / plan_entry["plan"]).read_text())
     assert plan_entry["plan"].endswith("02_joint_joint_plans_only.plan.json")
     assert plan["keep"][0] == "primals_1" and plan["sizes"]["primals_3"] == [3, 13]
+    changed = files[4]
+    assert changed["status"] == "changed" and changed["plan"] == changed["stem"] + ".plan.json"
+    assert json.loads((mlp_dump.root / changed["plan"]).read_text()) == {
+        "split": ["addmm", "addmm_1"]}
     for entry in files:
         for key in ("file", "data", "repro"):
             if entry.get(key):
