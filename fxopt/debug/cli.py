@@ -2,8 +2,8 @@
 
 With one directory, each pass that changed a graph is compared with the graph it was
 given; with two, each final graph of the first dump is compared with the second's. Exit
-status 0 on success, 2 with a message on standard error for a missing or malformed dump
-or a filter that matches nothing.
+status 0 on success, 2 with a message on standard error for a missing or malformed dump,
+a filter that matches nothing, or an output file that cannot be written.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from fxopt.debug.diff import DumpError, Step, dump_comparisons, load_dump, pass_steps
+from fxopt.debug.diff import Dump, DumpError, Step, dump_comparisons, load_dump, pass_steps
 from fxopt.debug.text import render_steps, unified
 
 __all__ = ["add_diff_command", "run_diff"]
@@ -45,7 +45,8 @@ def _use_colour(choice: str) -> bool:
 
 
 def _steps(args: argparse.Namespace) -> tuple[list[Step], list[str]]:
-    """The steps to show, and per graph that no pass changed, a line saying so."""
+    """The steps to show, and notes: per graph that no pass changed, a line saying so;
+    for two dumps with different numbers of graphs, which were compared."""
     if len(args.dirs) > 2:
         raise DumpError(f"give one or two debug dirs, not {len(args.dirs)}")
     dumps = [load_dump(d) for d in args.dirs]
@@ -53,49 +54,59 @@ def _steps(args: argparse.Namespace) -> tuple[list[Step], list[str]]:
         if args.pass_name:
             raise DumpError("--pass applies to one dump; two dumps are compared by "
                             "their final graphs")
-        return dump_comparisons(dumps[0], dumps[1], args.graph), []
+        counts = [len(d.graphs) for d in dumps]
+        notes = [] if counts[0] == counts[1] else [
+            f"A has {counts[0]} graphs, B has {counts[1]}: compared the first "
+            f"{min(counts)} in capture order (a graph break differs?)"]
+        return dump_comparisons(dumps[0], dumps[1], args.graph), notes
     dump = dumps[0]
-    known = {g for g in dump.graphs} | {f"{g}/{k}" for g in dump.graphs
-                                         for k in dump.chains(g)}
+    known = set(dump.graphs) | {f"{g}/{k}" for g in dump.graphs for k in dump.chains(g)}
     for name in args.graph or ():
         if name not in known:
             raise DumpError(f"no graph {name!r} in {dump.root}; graphs: "
                             f"{', '.join(sorted(known))}")
     steps = pass_steps(dump, args.graph, args.pass_name)
-    if args.pass_name and not steps:
-        changed = sorted({s.name for s in pass_steps(dump, args.graph)})
-        raise DumpError(f"pass {args.pass_name!r} changed no graph in {dump.root}; passes "
-                        f"that did: {', '.join(changed) or 'none'}")
-    untouched = [f"{g}: no pass changed its graphs ("
-                 + ", ".join(f"{kind} {chain[-1].get('nodes', '?')} nodes"
-                             for kind, chain in dump.chains(g).items()) + ")"
-                 for g in dump.graphs
-                 if (args.graph is None or g in args.graph)
-                 and not any(s.graph == g for s in steps) and not args.pass_name]
-    return steps, untouched
+    if args.pass_name:
+        if not steps:
+            changed = sorted({s.name for s in pass_steps(dump, args.graph)})
+            raise DumpError(f"pass {args.pass_name!r} changed no graph in {dump.root}; "
+                            f"passes that did: {', '.join(changed) or 'none'}")
+        return steps, []
+    return steps, _untouched(dump, steps, args.graph)
+
+
+def _untouched(dump: Dump, steps: list[Step], graphs: list[str] | None) -> list[str]:
+    """A line per shown graph that no pass changed, with its graphs' node counts."""
+    changed = {step.graph for step in steps}
+    lines = []
+    for graph in dump.graphs:
+        if graph in changed or (graphs is not None and graph not in graphs):
+            continue
+        sizes = ", ".join(f"{kind} {chain[-1].get('nodes', '?')} nodes"
+                          for kind, chain in dump.chains(graph).items())
+        lines.append(f"{graph}: no pass changed its graphs ({sizes})")
+    return lines
 
 
 def run_diff(args: argparse.Namespace) -> int:
     """The ``diff`` subcommand; returns the exit status."""
     try:
-        steps, untouched = _steps(args)
-    except DumpError as exc:
+        steps, notes = _steps(args)
+        if args.html:
+            from fxopt.debug.html import write_html
+
+            write_html(steps, Path(args.html), title=" vs ".join(args.dirs))
+            print(f"fxopt diff: wrote {args.html} ({len(steps)} diffs)")
+            return 0
+        if args.unified:
+            lines = [line for step in steps for line in unified(step)]
+        else:
+            header = [f"A: {args.dirs[0]}", f"B: {args.dirs[1]}"] if len(args.dirs) == 2 else []
+            lines = header + list(render_steps(steps, stat=args.stat,
+                                               colour=_use_colour(args.color))) + notes
+    except (DumpError, OSError) as exc:
         print(f"fxopt diff: {exc}", file=sys.stderr)
         return 2
-    if args.html:
-        from fxopt.debug.html import write_html
-
-        write_html(steps, Path(args.html), title=" vs ".join(args.dirs))
-        print(f"fxopt diff: wrote {args.html} ({len(steps)} diffs)")
-        return 0
-    if args.unified:
-        for step in steps:
-            print("\n".join(unified(step)))
-        return 0
-    if len(args.dirs) == 2:
-        print(f"A: {args.dirs[0]}\nB: {args.dirs[1]}")
-    for line in render_steps(steps, stat=args.stat, colour=_use_colour(args.color)):
-        print(line)
-    for line in untouched:
-        print(line)
+    if lines:
+        print("\n".join(lines))
     return 0

@@ -101,6 +101,11 @@ def test_missing_or_malformed_dump_exits_2_with_a_message(tmp_path, capsys):
     assert status == 2 and "malformed index (entries without ['file', 'graph', 'kind'" in err
 
 
+def test_unwritable_html_exits_2(mlp_dump, tmp_path, capsys):
+    status, _, err = run(capsys, mlp_dump.root, "--html", tmp_path / "no" / "such" / "x.html")
+    assert status == 2 and err.startswith("fxopt diff: ") and "No such file" in err
+
+
 def test_missing_snapshot_exits_2(mlp_dump, tmp_path, capsys):
     index = json.loads((mlp_dump.root / "index.json").read_text())
     (tmp_path / "index.json").write_text(json.dumps(index))
@@ -141,6 +146,22 @@ def test_two_dumps_compare_final_graphs_graph_by_graph(mlp_dump, plain_dump, cap
     assert len(summaries) == 4 and len(unchanged) == 3
     status, _, err = run(capsys, plain_dump.root, mlp_dump.root, "--pass", "split_addmm")
     assert status == 2 and "--pass applies to one dump" in err
+
+
+def test_two_dumps_with_different_graph_counts_say_which_were_compared(
+        mlp_dump, plain_dump, tmp_path, capsys):
+    index = json.loads((plain_dump.root / "index.json").read_text())
+    extra = [{**e, "graph": "g99"} for e in index["files"]]
+    (tmp_path / "index.json").write_text(json.dumps({"files": index["files"] + extra}))
+    for entry in index["files"]:
+        for key in ("file", "data"):
+            target = tmp_path / entry[key]
+            target.parent.mkdir(exist_ok=True)
+            target.write_bytes((plain_dump.root / entry[key]).read_bytes())
+    status, out, _ = run(capsys, tmp_path, mlp_dump.root, "--stat")
+    assert status == 0
+    assert out.splitlines()[-1] == ("A has 2 graphs, B has 1: compared the first 1 in "
+                                    "capture order (a graph break differs?)")
 
 
 @pytest.mark.parametrize("argv, status", [(["--stat"], 0), (["--graph", "g999"], 2)])
