@@ -171,10 +171,15 @@ def diff_snapshots(before: Snapshot, after: Snapshot) -> SnapshotDiff:
     gone = {n["name"] for n in removed}
     replaced_by: dict[str, list[str]] = {}
     for node in added:
-        for name in (node.get("fxopt") or {}).get("replaces") or ():
+        replaces = (node.get("fxopt") or {}).get("replaces") or ()
+        for name in [replaces] if isinstance(replaces, str) else replaces:
             if name in gone:
                 replaced_by.setdefault(name, []).append(node["name"])
     return SnapshotDiff(added, removed, changed, replaced_by)
+
+
+def _selected(graph: str, kind: str, graphs: list[str] | None) -> bool:
+    return graphs is None or graph in graphs or f"{graph}/{kind}" in graphs
 
 
 def pass_steps(dump: Dump, graphs: list[str] | None = None,
@@ -184,7 +189,7 @@ def pass_steps(dump: Dump, graphs: list[str] | None = None,
     steps: list[Step] = []
     for graph in dump.graphs:
         for kind, chain in dump.chains(graph).items():
-            if graphs is not None and graph not in graphs and f"{graph}/{kind}" not in graphs:
+            if not _selected(graph, kind, graphs):
                 continue
             for before, after in zip(chain, chain[1:]):
                 if pass_name is not None and after.get("pass_name") != pass_name:
@@ -204,7 +209,7 @@ def dump_comparisons(first: Dump, second: Dump,
     for graph_a, graph_b in zip(first.graphs, second.graphs):
         chains_a, chains_b = first.chains(graph_a), second.chains(graph_b)
         for kind in [k for k in chains_a if k in chains_b]:
-            if graphs is not None and graph_a not in graphs and f"{graph_a}/{kind}" not in graphs:
+            if not _selected(graph_a, kind, graphs):
                 continue
             a, b = chains_a[kind][-1], chains_b[kind][-1]
             steps.append(Step(graph_a if graph_a == graph_b else f"{graph_a}|{graph_b}", kind,
