@@ -69,10 +69,6 @@ class SnapshotDiff:
                 inverse.setdefault(new, []).append(old)
         return inverse
 
-    @property
-    def empty(self) -> bool:
-        return not (self.added or self.removed or self.changed)
-
 
 @dataclass
 class Step:

@@ -48,4 +48,4 @@ def test_same_name_with_another_target_shape_or_inputs_is_changed(changed):
 @pytest.mark.parametrize("nodes", [(), (node("a"), node("b", inputs="a"))])
 def test_identical_graphs_have_an_empty_diff(nodes):
     diff = diff_snapshots(snapshot(*nodes), snapshot(*nodes))
-    assert diff.empty and diff.replaced_by == {}
+    assert (diff.added, diff.removed, diff.changed, diff.replaced_by) == ([], [], [], {})
