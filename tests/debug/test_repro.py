@@ -59,5 +59,5 @@ def test_graph_reading_a_submodule_is_refused(tmp_path):
     output = next(iter(gm.graph.find_nodes(op="output")))
     with gm.graph.inserting_before(output):
         gm.graph.get_attr("inner")
-    with pytest.raises(ValueError, match="reads attribute 'inner', a Inner; only tensor"):
+    with pytest.raises(ValueError, match="reads attribute 'inner', a Module; only tensor"):
         write_repro(gm, tmp_path, graph="g0", kind="forward", stage="forward")
