@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 import torch
 from debug_passes import true_diff
 
@@ -164,9 +163,7 @@ def test_two_dumps_with_different_graph_counts_say_which_were_compared(
                                     "capture order (a graph break differs?)")
 
 
-@pytest.mark.parametrize("argv, status", [(["--stat"], 0), (["--graph", "g999"], 2)])
-def test_python_dash_m_fxopt_diff(mlp_dump, argv, status):
-    result = subprocess.run([sys.executable, "-m", "fxopt", "diff", str(mlp_dump.root), *argv],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == status
-    assert ("split_addmm: nodes" in result.stdout) == (status == 0)
+def test_python_dash_m_fxopt_diff(mlp_dump):
+    result = subprocess.run([sys.executable, "-m", "fxopt", "diff", str(mlp_dump.root),
+                             "--stat"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "split_addmm: nodes" in result.stdout

@@ -101,13 +101,13 @@ def test_page_for_a_dump_no_pass_changed(plain_dump, tmp_path):
 @pytest.fixture(scope="module")
 def gpt2_page(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2,
+    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1,
                                      n_head=4, bos_token_id=0, eos_token_id=0,
                                      attn_implementation="eager", use_cache=False)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).train()
     root = tmp_path_factory.mktemp("gpt2")
-    ids = torch.randint(0, 97, (2, 11))
+    ids = torch.randint(0, 97, (2, 7))
     dumped = compile_and_step(lambda: model(input_ids=ids, labels=ids).loss, (), root,
                               (SPLIT_ADDMM,))
     out = root / "diff.html"
@@ -115,6 +115,7 @@ def gpt2_page(tmp_path_factory):
     return dumped, out
 
 
+@pytest.mark.slow
 def test_gpt2_page_has_every_node_of_each_changed_graph(gpt2_page):
     dumped, out = gpt2_page
     page = Page(out.read_text())
@@ -129,6 +130,7 @@ def test_gpt2_page_has_every_node_of_each_changed_graph(gpt2_page):
         assert {n for n, c in section["b"].items() if c == "rm"} == removed
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which(CHROMIUM) is None,
                     reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
 def test_page_renders_in_headless_chromium(gpt2_page, tmp_path):
