@@ -12,7 +12,9 @@ Layout, numbered in pipeline order per Dynamo graph (``NN`` counts per graph):
 - ``<graph>/repro_<kind>.py``: a runnable repro of each captured graph as its stage
   received it (:mod:`fxopt.debug.repro`);
 - ``index.json``: every file in order with its graph, stage, graph kind, pass, node count
-  and predicted memory, rewritten after each file so that it is usable mid-run.
+  and predicted memory, rewritten after each file so that it is usable mid-run. Graph
+  numbers restart in each process, so a process's first dump replaces the index an
+  earlier run left there (its files are overwritten or left unlisted).
 
 It is an instrument: it only observes, and a failure to write is logged, never raised
 into training.
@@ -41,6 +43,7 @@ __all__ = ["DebugDump", "INDEX", "readable"]
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
+_started: set[Path] = set()  # debug dirs whose index this process has begun
 INDEX = "index.json"
 
 
@@ -118,7 +121,14 @@ class DebugDump:
     def _add_to_index(self, entry: dict[str, Any]) -> None:
         with _lock:
             path = self.root / INDEX
-            index = json.loads(path.read_text()) if path.exists() else {"files": []}
+            if self.root.resolve() in _started and path.exists():
+                index = json.loads(path.read_text())
+            else:  # graph numbers restart in each process: an earlier run's index goes
+                if path.exists():
+                    log.info("fxopt: replacing the %s of an earlier run in %s", INDEX,
+                             self.root)
+                index = {"files": []}
+                _started.add(self.root.resolve())
             index["files"] = [f for f in index["files"] if f["stem"] != entry["stem"]] + [entry]
             path.write_text(json.dumps(index, indent=1))
 

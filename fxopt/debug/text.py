@@ -1,7 +1,8 @@
 """``fxopt diff`` in the terminal: per graph and per pass, the nodes that changed.
 
-One summary line per pass (nodes before -> after with +added -removed ~changed, kernels,
-predicted activation memory and peak before -> after), then one line per node: ``-``
+One summary line per pass (nodes before -> after with +added -removed ~changed, kernels
+(ops that are not views: what launches work), predicted activation memory and peak
+before -> after), then one line per node: ``-``
 removed (and what replaced it), ``+`` added (which pass made it, what it replaces), ``~``
 changed (what differs). Colours only when asked (the CLI asks on a terminal).
 """

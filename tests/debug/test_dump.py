@@ -113,6 +113,16 @@ def test_unwritable_dir_is_logged_and_training_goes_on(tmp_path, caplog):
     assert caplog.text.count(f"could not write the debug dump to {blocked}") == 5
 
 
+def test_an_earlier_runs_index_is_replaced(tmp_path):
+    stale = [{"file": "g0/00_pre_autograd_dynamo_input.py"},  # the foundation's format
+             {"stem": "g7/03_forward_forward_gone", "graph": "g7", "data": "g7/gone.json"}]
+    (tmp_path / "index.json").write_text(json.dumps({"files": stale}))
+    torch.compile(MLP(), backend="fxopt", options={"debug_dir": str(tmp_path)})(
+        torch.randn(2, 13)).sum().backward()
+    assert [e["kind"] for e in entries(tmp_path)] == ["dynamo", "joint", "forward",
+                                                     "backward"]
+
+
 def test_environment_variable_sets_the_debug_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FXOPT_DEBUG_DIR", str(tmp_path / "from_env"))
     compiled = torch.compile(MLP(), backend="fxopt")
