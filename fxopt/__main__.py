@@ -1,7 +1,8 @@
 """The ``fxopt`` command line (also ``python -m fxopt``).
 
 Subcommands: ``passes`` lists every pass with its stage, flag, default and availability,
-and the options with their documentation.
+and the options with their documentation; ``diff`` shows what each pass did to each graph
+of a ``debug_dir`` dump (`fxopt.debug.cli`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     listing = commands.add_parser("passes", help="list the passes, their stages and defaults")
     listing.add_argument("--options", action="store_true", help="also list every option")
     listing.set_defaults(run=_passes)
+    from fxopt.debug.cli import add_diff_command
+
+    add_diff_command(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 
