@@ -16,6 +16,7 @@ from fxopt.passes.base import (
     RewriteCounter,
     Stage,
 )
+from fxopt.passes.tempo import tempo
 
 __all__ = [
     "GraphKind", "PassContext", "PassResult", "PassSpec", "RewriteCounter", "Stage",
@@ -24,7 +25,8 @@ __all__ = [
 
 PIPELINE: list[PassSpec] = [
     PassSpec(
-        name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=None, issue="#6",
+        name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=tempo, issue="#6",
+        default_text="off unless asked (trades gradient accuracy and time for memory)",
         description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
     PassSpec(
         name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=None, issue="#5",
