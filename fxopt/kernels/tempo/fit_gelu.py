@@ -86,32 +86,35 @@ def fit_branch(form: str, right: bool) -> dict[str, object]:
 
 def evaluate(y: np.ndarray, right: np.ndarray, fit: dict[str, object], form: str
              ) -> np.ndarray:
-    """The fitted derivative at outputs ``y`` on branches ``right`` (float64 numpy)."""
-    s = np.sqrt(np.maximum(y - fit["y_min"], 0.0))
+    """The fitted derivative at outputs ``y`` on branches ``right``, in y's dtype (fp32
+    to see the error of fp32 arithmetic, as in the kernels)."""
+    dtype = y.dtype.type
+    s = np.sqrt(np.maximum(y - dtype(fit["y_min"]), dtype(0)))
     out = np.empty_like(y)
     for branch, mask, beyond in (("right", right, 1.0), ("left", ~right, 0.0)):
         part = fit[branch]
-        starts, coefficients = np.array(part["starts"]), np.array(part["coefficients"])
+        starts = np.array(part["starts"], dtype=y.dtype)
+        coefficients = np.array(part["coefficients"], dtype=y.dtype)
         index = np.clip(np.searchsorted(starts, s[mask], side="right") - 1, 0,
                         len(starts) - 1)
-        t = (s[mask] - starts[index]) * np.array(part["scales"])[index]
+        t = (s[mask] - starts[index]) * np.array(part["scales"], dtype=y.dtype)[index]
         value = np.zeros_like(t)
         for k in range(DEGREE, -1, -1):
             value = value * t + coefficients[index, k]
-        out[mask] = np.where(s[mask] >= part["end"], beyond, value)
+        out[mask] = np.where(s[mask] >= dtype(part["end"]), dtype(beyond), value)
     return out
 
 
 def max_error(form: str, fit: dict[str, object], bf16: bool) -> float:
     """Max |fitted - exact| derivative over x in [-10, 10] when y is stored in fp32 (or
-    bf16). Rounding y costs more than the fit itself: near the minimum s = sqrt(y - y_min)
-    keeps only half of y's bits."""
+    bf16) and the evaluation runs in fp32. Rounding y costs more than the fit itself: near
+    the minimum s = sqrt(y - y_min) keeps only half of y's bits."""
     x = np.linspace(-10.0, 10.0, 400_001)
     y = gelu(x, form).astype(np.float32)
     if bf16:  # round to bf16: round to nearest even on the fp32 bits
         bits = y.view(np.uint32)
         y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
-    return float(np.abs(evaluate(y.astype(np.float64), x >= fit["x_min"], fit, form)
+    return float(np.abs(evaluate(y, x >= fit["x_min"], fit, form)
                         - gelu_derivative(x, form)).max())
 
 
