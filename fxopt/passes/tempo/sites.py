@@ -43,6 +43,8 @@ def _close(value: float | None, expected: float) -> bool:
 
 
 def _gelu_bytes(x: fx.Node) -> int:
+    """x replaced by 1 bit per element. A lower bound for GPT-2's formula, whose autograd
+    also keeps tanh's output and the products (measured: about 3.5x more)."""
     value = example(x)
     return 0 if value is None else nbytes(value) - packed_size(numel(value))
 
