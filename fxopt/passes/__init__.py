@@ -17,6 +17,7 @@ from fxopt.passes.base import (
     Stage,
 )
 from fxopt.passes.fuse_rnn import fuse_rnn
+from fxopt.passes.tempo import tempo
 
 __all__ = [
     "GraphKind", "PassContext", "PassResult", "PassSpec", "RewriteCounter", "Stage",
@@ -25,7 +26,8 @@ __all__ = [
 
 PIPELINE: list[PassSpec] = [
     PassSpec(
-        name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=None, issue="#6",
+        name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=tempo, issue="#6",
+        default_text="off unless asked (trades gradient accuracy and time for memory)",
         description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
     PassSpec(
         name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn, issue="#5",

@@ -1,0 +1,227 @@
+"""Tempo's memory-lean LayerNorm and RMSNorm: ``fxopt::tempo_layer_norm`` and
+``fxopt::tempo_rms_norm`` save their output y and rstd for backward, not their input.
+
+The backward rebuilds the normalized input from the output: x_hat = (y - beta) / gamma
+(RMSNorm: y / gamma), then the usual formulas
+dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)) with g = dy * gamma (RMSNorm without
+the mean(g) term), dgamma = sum(dy * x_hat), dbeta = sum(dy). Memory: the input (and
+LayerNorm's mean) are replaced by rstd, one fp32 per row; y costs nothing when the next op
+keeps it anyway (a Linear after the norm does), which the pass checks.
+
+Gamma at or near zero (the guard). Where gamma_j is 0, y_j = beta_j holds nothing of x_j,
+and where |gamma_j| is small beside |beta_j| the division amplifies y's rounding error by
+|beta_j| / |gamma_j|. So the forward also saves x_hat exactly for the
+``guard_capacity(n)`` columns with the largest amplification (about 1.6% of the input),
+and the backward uses those saved values there: exact for up to that many unsafe columns
+(amplification above MAX_AMPLIFICATION for y's dtype: 100 in fp32 keeps x_hat's error
+near 1e-5; 2 in bf16, whose rounding alone is 4e-3; or |gamma_j| < 1e-30). With more
+unsafe columns than that the forward raises a clear error (no silent wrong gradient); the
+check costs one small host sync per norm per step. In bf16 the error grows with
+|beta| / |gamma| below that bound: Tempo's trade, exact only in the guarded columns.
+The computation is in fp32; y has the dtype the replaced code's output had.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["MAX_AMPLIFICATION", "guard_capacity", "tempo_layer_norm", "tempo_rms_norm"]
+
+# Largest |beta| / |gamma| (the factor that multiplies y's rounding error in x_hat) that is
+# not guarded, per dtype of y.
+MAX_AMPLIFICATION = {torch.float32: 100.0, torch.float64: 1e6, torch.bfloat16: 2.0,
+                     torch.float16: 10.0}
+_TINY = 1e-30
+
+
+def guard_capacity(n: int) -> int:
+    """How many columns of an n-wide norm get their x_hat saved exactly."""
+    return min(n, max(2, math.ceil(n / 64)))
+
+
+def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.reshape(-1, n).float()
+
+
+def _guard_columns(weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                   what: str) -> torch.Tensor:
+    """The guarded columns (int64 [capacity]); raises if more columns are unsafe."""
+    n = weight.numel()
+    capacity = guard_capacity(n)
+    amplification = MAX_AMPLIFICATION.get(out_dtype, 2.0)
+    threshold = bias.detach().float().abs() / amplification if bias is not None else 0.0
+    score = weight.detach().float().abs() / (threshold + _TINY)  # unsafe where <= 1
+    order = torch.topk(score, min(n, capacity + 1), largest=False).indices
+    if capacity < n and bool(score[order[capacity]] <= 1):
+        raise RuntimeError(
+            f"fxopt tempo: {what} has more than {capacity} of {n} weights at or near zero "
+            f"(|bias| / |weight| >= {amplification}); its memory-lean backward cannot recover "
+            "the input there. Compile with options={'tempo': False} for this model.")
+    return order[:capacity]
+
+
+def _normalize(x: torch.Tensor, n: int, eps: float, centered: bool
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = _rows(x, n)
+    if centered:
+        rows = rows - rows.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(rows.pow(2).mean(-1) + eps)
+    return rows * rstd[:, None], rstd
+
+
+def _vector(t: torch.Tensor | None, n: int, fill: float, like: torch.Tensor) -> torch.Tensor:
+    if t is None:
+        return torch.full((n,), fill, dtype=torch.float32, device=like.device)
+    return t.reshape(n).float()
+
+
+def _xhat_from_output(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                      guard_xhat: torch.Tensor, guard_index: torch.Tensor) -> torch.Tensor:
+    n = weight.numel()
+    safe_weight = weight.index_fill(0, guard_index, 1.0)
+    xhat = (_rows(y, n) - bias) / safe_weight
+    return xhat.index_copy(1, guard_index, guard_xhat)
+
+
+def _norm_backward(dy: torch.Tensor, xhat: torch.Tensor, rstd: torch.Tensor,
+                   weight: torch.Tensor, centered: bool) -> tuple[torch.Tensor, ...]:
+    dy = _rows(dy, weight.numel())
+    g = dy * weight
+    projected = g - xhat * (g * xhat).mean(-1, keepdim=True)
+    if centered:
+        projected = projected - g.mean(-1, keepdim=True)
+    return projected * rstd[:, None], (dy * xhat).sum(0), dy.sum(0)
+
+
+def _fake_outputs(x: torch.Tensor, n: int, out_dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, ...]:
+    rows = x.numel() // n
+    capacity = guard_capacity(n)
+    return (torch.empty(x.shape, dtype=out_dtype, device=x.device),
+            x.new_empty((rows,), dtype=torch.float32),
+            x.new_empty((rows, capacity), dtype=torch.float32),
+            x.new_empty((capacity,), dtype=torch.int64))
+
+
+def _grad_like(grad: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else grad.reshape(t.shape).to(t.dtype)
+
+
+# --- LayerNorm --------------------------------------------------------------------------
+
+@torch.library.custom_op("fxopt::tempo_layer_norm", mutates_args=())
+def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm over the last dims (``n`` elements per row), in fp32, y in ``out_dtype``.
+    Returns (y, rstd [rows], guarded x_hat [rows, capacity], guarded columns)."""
+    xhat, rstd = _normalize(x, n, eps, centered=True)
+    w, b = _vector(weight, n, 1.0, x), _vector(bias, n, 0.0, x)
+    y = (xhat * w + b).to(out_dtype).view(x.shape)
+    guard = (_guard_columns(w, b, out_dtype, "a LayerNorm") if weight is not None
+             else torch.arange(guard_capacity(n), device=x.device))
+    return y, rstd, xhat[:, guard].contiguous(), guard
+
+
+@tempo_layer_norm.register_fake
+def _(x, n, weight, bias, eps, out_dtype):
+    return _fake_outputs(x, n, out_dtype)
+
+
+@torch.library.custom_op("fxopt::tempo_layer_norm_backward", mutates_args=())
+def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                              guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                              weight: torch.Tensor | None, bias: torch.Tensor | None
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx in fp32 rows, dweight, dbias) of :func:`tempo_layer_norm` from its outputs."""
+    n = y.numel() // rstd.numel()
+    w, b = _vector(weight, n, 1.0, y), _vector(bias, n, 0.0, y)
+    xhat = _xhat_from_output(y, w, b, guard_xhat, guard_index)
+    return _norm_backward(dy, xhat, rstd, w, centered=True)
+
+
+@tempo_layer_norm_backward.register_fake
+def _(dy, y, rstd, guard_xhat, guard_index, weight, bias):
+    n = y.numel() // rstd.numel()
+    return (y.new_empty((rstd.numel(), n), dtype=torch.float32),
+            y.new_empty((n,), dtype=torch.float32), y.new_empty((n,), dtype=torch.float32))
+
+
+def _layer_norm_setup(ctx, inputs, output) -> None:
+    x, n, weight, bias, _, _ = inputs
+    ctx.x_meta = (x.shape, x.dtype)
+    ctx.save_for_backward(output[0], output[1], output[2], output[3], weight, bias)
+
+
+def _layer_norm_backward(ctx, dy, *_unused):
+    y, rstd, guard_xhat, guard_index, weight, bias = ctx.saved_tensors
+    dx, dweight, dbias = tempo_layer_norm_backward(dy, y, rstd, guard_xhat, guard_index,
+                                                   weight, bias)
+    shape, dtype = ctx.x_meta
+    return (dx.view(shape).to(dtype), None, _grad_like(dweight, weight),
+            _grad_like(dbias, bias), None, None)
+
+
+tempo_layer_norm.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+
+
+# --- RMSNorm ----------------------------------------------------------------------------
+
+@torch.library.custom_op("fxopt::tempo_rms_norm", mutates_args=())
+def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                   round_before_weight: bool, out_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dims, in fp32, y in ``out_dtype``. ``round_before_weight``
+    rounds the normalized input to x's dtype before the weight multiplies it, as Llama's
+    hand-written RMSNorm does. Returns what :func:`tempo_layer_norm` returns."""
+    xhat, rstd = _normalize(x, n, eps, centered=False)
+    if round_before_weight:
+        xhat = xhat.to(x.dtype).float()
+    w = _vector(weight, n, 1.0, x)
+    y = (xhat * w).to(out_dtype).view(x.shape)
+    guard = (_guard_columns(w, None, out_dtype, "an RMSNorm") if weight is not None
+             else torch.arange(guard_capacity(n), device=x.device))
+    return y, rstd, xhat[:, guard].contiguous(), guard
+
+
+@tempo_rms_norm.register_fake
+def _(x, n, weight, eps, round_before_weight, out_dtype):
+    return _fake_outputs(x, n, out_dtype)
+
+
+@torch.library.custom_op("fxopt::tempo_rms_norm_backward", mutates_args=())
+def tempo_rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                            guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                            weight: torch.Tensor | None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in fp32 rows, dweight) of :func:`tempo_rms_norm` from its outputs."""
+    n = y.numel() // rstd.numel()
+    w = _vector(weight, n, 1.0, y)
+    xhat = _xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
+    dx, dweight, _ = _norm_backward(dy, xhat, rstd, w, centered=False)
+    return dx, dweight
+
+
+@tempo_rms_norm_backward.register_fake
+def _(dy, y, rstd, guard_xhat, guard_index, weight):
+    n = y.numel() // rstd.numel()
+    return (y.new_empty((rstd.numel(), n), dtype=torch.float32),
+            y.new_empty((n,), dtype=torch.float32))
+
+
+def _rms_norm_setup(ctx, inputs, output) -> None:
+    x, n, weight, _, _, _ = inputs
+    ctx.x_meta = (x.shape, x.dtype)
+    ctx.save_for_backward(output[0], output[1], output[2], output[3], weight)
+
+
+def _rms_norm_backward(ctx, dy, *_unused):
+    y, rstd, guard_xhat, guard_index, weight = ctx.saved_tensors
+    dx, dweight = tempo_rms_norm_backward(dy, y, rstd, guard_xhat, guard_index, weight)
+    shape, dtype = ctx.x_meta
+    return dx.view(shape).to(dtype), None, _grad_like(dweight, weight), None, None, None
+
+
+tempo_rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)

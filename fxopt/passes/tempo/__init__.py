@@ -1,0 +1,85 @@
+"""tempo: Tempo's memory-lean GELU, LayerNorm/RMSNorm and attention softmax-dropout.
+
+Before autograd, on Dynamo's torch-level graph, each site the matchers in ``sites`` find is
+replaced by one fxopt custom op (``fxopt.kernels.tempo``) whose autograd saves less:
+GELU keeps its output and a 1-bit branch mask instead of its input; a norm keeps its output
+and rstd instead of its input; the attention core keeps the softmax output and a 1-bit
+dropout mask instead of the dropout output. GELU and norm outputs are kept only when the
+next op keeps them anyway (a Linear or matmul in the same dtype), so a site whose output no
+neighbour keeps is left alone: rewriting it would save its output in place of its input.
+
+Stats: per kind, the sites rewritten and the predicted saved-activation bytes removed per
+step (``rewritten``, ``bytes_removed``); the sites left alone, per reason (``skipped``).
+Default: off unless asked (``options={"tempo": True}``): the backward recomputes from
+outputs (GELU's derivative from a fitted polynomial, max error 4e-5 with fp32 outputs and
+1.6e-2 with bf16 ones; see ``fit_gelu.py``), a trade of accuracy and a little time for
+memory that the user opts into.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+
+import torch.fx as fx
+from torch.utils._pytree import tree_leaves
+
+from fxopt.kernels import tempo as _tempo_ops  # noqa: F401  (registers the ops)
+from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.tempo.graph import kept_by_neighbour
+from fxopt.passes.tempo.sites import MATCHERS, Site
+
+__all__ = ["tempo"]
+
+
+def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    """Replace every GELU, LayerNorm/RMSNorm and softmax-dropout-matmul site that saves
+    memory by a tempo custom op."""
+    rewritten, removed, skipped = Counter(), Counter(), Counter()
+    for node in list(gm.graph.nodes):
+        if node.graph is not gm.graph:  # erased by an earlier rewrite
+            continue
+        site = next((s for s in (m(node) for m in MATCHERS) if s is not None), None)
+        if site is None:
+            continue
+        reason = site if isinstance(site, str) else _refusal(site)
+        if reason is None and not ctx.rewrites.allow():
+            reason = "rewrite limit"
+        if reason is not None:
+            skipped[reason] += 1
+            continue
+        _rewrite(gm.graph, site)
+        rewritten[site.kind] += 1
+        removed[site.kind] += site.bytes_removed
+    stats = {"rewritten": dict(rewritten), "bytes_removed": dict(removed),
+             "skipped": dict(skipped)}
+    return PassResult(gm, bool(rewritten), stats)
+
+
+def _refusal(site: Site) -> str | None:
+    """Why a matched site is left alone, or None to rewrite it."""
+    inside = set(site.replaced)
+    for node in site.replaced:
+        if node is not site.result and not set(node.users) <= inside:
+            return f"{site.kind}: an intermediate value is used elsewhere"
+    order = {n: i for i, n in enumerate(site.insert_before.graph.nodes)}
+    position = order[site.insert_before]
+    if any(isinstance(a, fx.Node) and order[a] >= position for a in tree_leaves(site.args)):
+        return f"{site.kind}: an operand is computed after the site starts"
+    if site.needs_neighbour and not kept_by_neighbour(site.result):
+        return f"{site.kind}: output not kept by a neighbour (no saving)"
+    return None
+
+
+def _rewrite(graph: fx.Graph, site: Site) -> None:
+    with graph.inserting_before(site.insert_before):
+        op = graph.call_function(site.op, site.args)
+        value = graph.call_function(operator.getitem, (op, 0))
+    names = [n.name for n in site.replaced]
+    op.meta["fxopt"] = {"pass": "tempo", "kind": site.kind, "replaces": names}
+    value.meta["fxopt"] = {"pass": "tempo", "replaces": [site.result.name]}
+    if "example_value" in site.result.meta:
+        value.meta["example_value"] = site.result.meta["example_value"]
+    site.result.replace_all_uses_with(value)
+    for node in reversed(site.replaced):
+        graph.erase_node(node)

@@ -1,0 +1,227 @@
+"""The four subgraphs tempo replaces, found in Dynamo's torch-level graph.
+
+Each matcher looks at one node and answers None (not its kind), a reason string (its kind,
+but left alone, e.g. an unsupported argument), or a :class:`Site`: the nodes it replaces,
+the node whose value the new op's first output stands for, where to insert the op, the op
+and its arguments, and the predicted bytes of saved activations it removes per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fxopt.analysis.shapes import nbytes, numel
+from fxopt.kernels.tempo.bitmask import packed_size
+from fxopt.kernels.tempo.norm import guard_capacity
+from fxopt.passes.tempo.graph import arg, constant_operand, example, is_call, only_user
+
+__all__ = ["Site", "MATCHERS"]
+
+fxopt_ops = torch.ops.fxopt
+
+
+@dataclass
+class Site:
+    kind: str                 # "gelu" | "layer_norm" | "rms_norm" | "attention"
+    replaced: list[fx.Node]   # every node of the subgraph; ``result`` among them
+    result: fx.Node           # its value becomes the new op's first output
+    insert_before: fx.Node
+    op: Any
+    args: tuple[Any, ...]
+    bytes_removed: int        # predicted saved-activation bytes per step
+    needs_neighbour: bool     # saves its output: worth it only if a neighbour keeps it
+
+
+def _close(value: float | None, expected: float) -> bool:
+    return value is not None and math.isclose(value, expected, rel_tol=1e-6)
+
+
+def _gelu_bytes(x: fx.Node) -> int:
+    """x replaced by 1 bit per element. A lower bound for GPT-2's formula, whose autograd
+    also keeps tanh's output and the products (measured: about 3.5x more)."""
+    value = example(x)
+    return 0 if value is None else nbytes(value) - packed_size(numel(value))
+
+
+def match_gelu(node: fx.Node) -> Site | str | None:
+    """``F.gelu(x)`` / ``nn.GELU`` in either form."""
+    if not is_call(node, "gelu"):
+        return None
+    approximate = arg(node, 1, "approximate", "none")
+    if approximate not in ("none", "tanh"):
+        return f"gelu approximate={approximate!r}"
+    x = node.args[0]
+    return Site("gelu", [node], node, node, fxopt_ops.tempo_gelu.default, (x, approximate),
+                _gelu_bytes(x), needs_neighbour=True)
+
+
+def match_gelu_tanh_formula(node: fx.Node) -> Site | str | None:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))), as GPT-2 code writes it
+    (transformers' NewGELUActivation); matched from its tanh."""
+    if not is_call(node, "tanh"):
+        return None
+    scale, inner = constant_operand(node.args[0]) if is_call(node.args[0], "mul") else (None,
+                                                                                        None)
+    if not _close(scale, math.sqrt(2 / math.pi)) or not is_call(inner, "add"):
+        return None
+    cube_term, x = _split_cube_term(inner)
+    one_plus = only_user(node)
+    final = only_user(one_plus) if one_plus is not None else None
+    if cube_term is None or final is None or not is_call(one_plus, "add") or not _close(
+            constant_operand(one_plus)[0], 1.0) or not is_call(final, "mul"):
+        return None
+    half = next((a for a in final.args if a is not one_plus), None)
+    if not is_call(half, "mul") or constant_operand(half) != (0.5, x):
+        return None
+    cube = cube_term.args[0] if is_call(cube_term.args[0], "pow") else cube_term.args[1]
+    replaced = [half, cube, cube_term, inner, node.args[0], node, one_plus, final]
+    return Site("gelu", replaced, final, final, fxopt_ops.tempo_gelu.default, (x, "tanh"),
+                _gelu_bytes(x), needs_neighbour=True)
+
+
+def _split_cube_term(inner: fx.Node) -> tuple[fx.Node | None, Any]:
+    """For ``x + 0.044715 * x**3``: (the product node, x)."""
+    for term, x in ((inner.args[1], inner.args[0]), (inner.args[0], inner.args[1])):
+        if not is_call(term, "mul"):
+            continue
+        coefficient, cube = constant_operand(term)
+        if _close(coefficient, 0.044715) and is_call(cube, "pow") and cube.args[0] is x and \
+                _close(constant_operand(cube)[0], 3.0):
+            return term, x
+    return None, None
+
+
+def _norm_bytes(x: fx.Node, n: int, extra_per_row: int) -> int:
+    """Eager keeps x (and LayerNorm its mean); tempo keeps rstd and the guarded columns."""
+    value = example(x)
+    if value is None:
+        return 0
+    rows = numel(value) // n
+    capacity = guard_capacity(n)
+    return nbytes(value) + extra_per_row * rows - 4 * rows * capacity - 8 * capacity
+
+
+def _normalized_numel(shape: Any) -> int | None:
+    if isinstance(shape, int):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(s, int) for s in shape):
+        return None
+    return math.prod(shape)
+
+
+def match_layer_norm(node: fx.Node) -> Site | str | None:
+    """``F.layer_norm`` / ``nn.LayerNorm``."""
+    if not is_call(node, "layer_norm"):
+        return None
+    x, n = node.args[0], _normalized_numel(arg(node, 1, "normalized_shape"))
+    weight, bias, eps = arg(node, 2, "weight"), arg(node, 3, "bias"), arg(node, 4, "eps", 1e-5)
+    out = example(node)
+    if n is None or out is None or not isinstance(eps, float):
+        return "layer_norm with symbolic shape or eps"
+    if guard_capacity(n) * 4 > n:
+        return "norm over fewer than 8 elements"
+    return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm.default,
+                (x, n, weight, bias, eps, out.dtype), _norm_bytes(x, n, 4), True)
+
+
+def match_rms_norm(node: fx.Node) -> Site | str | None:
+    """``F.rms_norm`` / ``nn.RMSNorm``."""
+    if not is_call(node, "rms_norm"):
+        return None
+    x, n = node.args[0], _normalized_numel(arg(node, 1, "normalized_shape"))
+    weight, eps, out = arg(node, 2, "weight"), arg(node, 3, "eps"), example(node)
+    if n is None or out is None or example(x) is None:
+        return "rms_norm with symbolic shape"
+    if guard_capacity(n) * 4 > n:
+        return "norm over fewer than 8 elements"
+    eps = torch.finfo(example(x).dtype).eps if eps is None else eps
+    return Site("rms_norm", [node], node, node, fxopt_ops.tempo_rms_norm.default,
+                (x, n, weight, float(eps), False, out.dtype), _norm_bytes(x, n, 0), True)
+
+
+def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
+    """Llama's hand-written RMSNorm, matched from its rsqrt:
+    ``weight * (h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)`` with
+    ``h = x.to(float32)``; the casts and the weight are optional."""
+    if not is_call(node, "rsqrt") or not is_call(node.args[0], "add"):
+        return None
+    eps, mean = constant_operand(node.args[0])
+    if eps is None or not is_call(mean, "mean") or not is_call(mean.args[0], "pow"):
+        return None
+    square, h = mean.args[0], mean.args[0].args[0]
+    if constant_operand(square)[0] != 2.0 or arg(mean, 1, "dim") not in (-1, [-1], (-1,)) \
+            or arg(mean, 2, "keepdim", False) is not True:
+        return None
+    scaled = only_user(node)
+    if not is_call(scaled, "mul") or set(scaled.args) != {h, node}:
+        return None
+    replaced = [square, mean, node.args[0], node, scaled]
+    x = h
+    if is_call(h, "cast") and example(h) is not None and example(h).dtype == torch.float32:
+        x = h.args[0]
+        if set(h.users) <= {square, scaled}:
+            replaced.insert(0, h)
+    result, round_before_weight = scaled, False
+    cast = only_user(scaled)
+    if is_call(cast, "cast") and example(x) is not None and example(cast) is not None:
+        if example(cast).dtype != example(x).dtype:
+            return "RMSNorm formula casting to another dtype than its input's"
+        result, round_before_weight = cast, True
+        replaced.append(cast)
+    weight, final = None, only_user(result)
+    if is_call(final, "mul") and len(final.args) == 2 and result in final.args:
+        other = final.args[1] if final.args[0] is result else final.args[0]
+        value = example(other)
+        if value is not None and value.dim() == 1:
+            weight, result = other, final
+            replaced.append(final)
+    value, out = example(x), example(result)
+    if value is None or out is None or not isinstance(value.shape[-1], int):
+        return "RMSNorm formula with symbolic sizes"
+    n = value.shape[-1]
+    if guard_capacity(n) * 4 > n:
+        return "norm over fewer than 8 elements"
+    return Site("rms_norm", replaced, result, result, fxopt_ops.tempo_rms_norm.default,
+                (x, n, weight, eps, round_before_weight, out.dtype), _norm_bytes(x, n, 4),
+                True)
+
+
+def match_attention(node: fx.Node) -> Site | str | None:
+    """``dropout(softmax(scores, dim)[.to(dtype)]) @ v``, matched from its dropout."""
+    if not is_call(node, "dropout"):
+        return None
+    probs, p = node.args[0], arg(node, 1, "p", 0.5)
+    training, inplace = arg(node, 2, "training", True), arg(node, 3, "inplace", False)
+    cast, softmax = (probs, probs.args[0]) if is_call(probs, "cast") else (None, probs)
+    if not is_call(softmax, "softmax"):
+        return None
+    matmul = only_user(node)
+    if not is_call(matmul, "matmul") or matmul.args[0] is not node:
+        return "dropout of softmax not consumed by one matmul"
+    if not isinstance(p, float) or training is not True or inplace:
+        return "attention dropout not in training mode, or in place"
+    dim, scores, v = arg(softmax, 1, "dim"), softmax.args[0], matmul.args[1]
+    values = [example(n) for n in (softmax, probs, matmul, v)]
+    if not isinstance(dim, int) or any(t is None for t in values):
+        return "attention softmax without a dim"
+    s, probs_value, out, v_value = values
+    if s.dim() < 2 or v_value.dim() != s.dim() or s.shape[:-2] != v_value.shape[:-2]:
+        return "attention matmul that broadcasts"
+    if any(len(n.users) != 1 for n in (softmax, probs)):
+        return "attention probabilities used elsewhere"
+    removed = nbytes(probs_value) + (numel(s) - packed_size(numel(s)) if p > 0 else 0)
+    replaced = [softmax, *([cast] if cast is not None else []), node, matmul]
+    return Site("attention", replaced, matmul, node,
+                fxopt_ops.tempo_softmax_dropout_matmul.default,
+                (scores, v, dim, p, s.dtype, probs_value.dtype, out.dtype), removed, False)
+
+
+MATCHERS: tuple[Callable[[fx.Node], Site | str | None], ...] = (
+    match_gelu, match_gelu_tanh_formula, match_layer_norm, match_rms_norm,
+    match_rms_norm_formula, match_attention)

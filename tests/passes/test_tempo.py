@@ -1,0 +1,182 @@
+"""The tempo pass: each kind of site is rewritten (and the pass says so), outputs and every
+gradient equal eager on small models and on tiny transformers BERT and GPT-2 in training
+(dropout 0.1), sites that would not save memory are left alone with a reason, and the
+bytes autograd keeps for backward during a compiled BERT forward are measured to drop."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from models import Block
+from torch import nn
+
+import fxopt
+from fxopt.analysis import measure_saved_bytes
+from fxopt.testing import assert_same_as_eager
+
+transformers = pytest.importorskip("transformers")
+
+TEMPO = {"tempo": True, "strict": True}
+
+
+def _tempo_stats(comparison):
+    (record,) = [r for r in comparison.passes if r.name == "tempo" and r.fired]
+    return record.stats
+
+
+class Sandwich(nn.Module):
+    """Linear -> ``middle`` -> Linear: the second Linear keeps the middle's output."""
+
+    def __init__(self, middle, dim=37):
+        super().__init__()
+        self.fc1, self.middle, self.fc2 = nn.Linear(13, dim), middle, nn.Linear(dim, 11)
+
+    def forward(self, x):
+        return self.fc2(self.middle(self.fc1(x)))
+
+
+def _llama_rms_norm(dim):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    return LlamaRMSNorm(dim)
+
+
+def _new_gelu(_dim):
+    from transformers.activations import NewGELUActivation
+
+    return NewGELUActivation()
+
+
+class _FunctionalLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+@pytest.mark.parametrize("middle, kind", [
+    (lambda d: nn.GELU(), "gelu"),
+    (lambda d: nn.GELU(approximate="tanh"), "gelu"),
+    (_new_gelu, "gelu"),
+    (nn.LayerNorm, "layer_norm"),
+    (_FunctionalLayerNorm, "layer_norm"),
+    (nn.RMSNorm, "rms_norm"),
+    (_llama_rms_norm, "rms_norm"),
+], ids=["gelu", "gelu_tanh", "gpt2_gelu_formula", "layer_norm", "f_layer_norm", "rms_norm",
+        "llama_rms_norm"])
+def test_each_site_kind_is_rewritten_and_matches_eager(middle, kind):
+    torch.manual_seed(0)
+    model = Sandwich(middle(37))
+    for p in model.middle.parameters():  # gamma containing zeros
+        with torch.no_grad():
+            p[3] = 0.0
+    comparison = assert_same_as_eager(model, (torch.randn(3, 5, 13),), TEMPO,
+                                      tolerances={torch.float32: (1e-4, 2e-4)})
+    assert comparison.fired("tempo")
+    stats = _tempo_stats(comparison)
+    assert stats["rewritten"] == {kind: 1} and stats["bytes_removed"][kind] > 0
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_transformer_block_matches_eager(dropout):
+    """The block's GELU feeds a dropout (whose output fc2 keeps), so it is left alone."""
+    torch.manual_seed(0)
+    comparison = assert_same_as_eager(Block(dim=32, dropout=dropout).train(),
+                                      (torch.randn(2, 9, 32),), TEMPO, steps=2,
+                                      tolerances={torch.float32: (1e-4, 2e-4)})
+    stats = _tempo_stats(comparison)
+    assert stats["rewritten"] == {"layer_norm": 2, "attention": 1}
+    assert stats["skipped"] == {"gelu: output not kept by a neighbour (no saving)": 1}
+
+
+def test_transformer_block_under_bf16_autocast_matches_eager():
+    """Under autocast GELU and attention are rewritten; CPU autocast keeps layer_norm in
+    bf16, so the norms are rewritten too. bf16 gradients rebuilt from bf16 outputs get a
+    wider absolute tolerance (see test_tempo_ops)."""
+    torch.manual_seed(0)
+    block = Block(dim=32, dropout=0.1).train()
+
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return block(x)
+
+    comparison = assert_same_as_eager(step, (torch.randn(2, 9, 32),), TEMPO,
+                                      tolerances={torch.bfloat16: (1.6e-2, 5e-2),
+                                                  torch.float32: (1.6e-2, 5e-2)})
+    assert _tempo_stats(comparison)["rewritten"]["attention"] == 1
+
+
+def test_sites_that_would_not_save_memory_are_left_alone():
+    """GELU feeding a sum: no neighbour keeps its output, so saving it would not free x."""
+    def fn(x):
+        return F.gelu(x).sum(-1) + F.layer_norm(x, (37,)).amax(-1)
+
+    comparison = assert_same_as_eager(fn, (torch.randn(4, 37, requires_grad=True),), TEMPO)
+    assert not comparison.fired("tempo")
+    (record,) = [r for r in comparison.passes if r.name == "tempo"]
+    assert record.stats["skipped"] == {
+        "gelu: output not kept by a neighbour (no saving)": 1,
+        "layer_norm: output not kept by a neighbour (no saving)": 1}
+
+
+def test_rewrite_limit_bisects_sites():
+    torch.manual_seed(0)
+    comparison = assert_same_as_eager(Block(dim=32).train(), (torch.randn(2, 9, 32),),
+                                      {**TEMPO, "rewrite_limit": {"tempo": 1}},
+                                      tolerances={torch.float32: (1e-4, 2e-4)})
+    stats = _tempo_stats(comparison)
+    assert sum(stats["rewritten"].values()) == 1 and stats["rewrites_refused_by_limit"] == 2
+
+
+VOCAB = 97
+
+
+def _bert():
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=32, attn_implementation="eager")
+    return transformers.BertForMaskedLM(config).train()
+
+
+def _gpt2():
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=1,
+                                     n_head=4, bos_token_id=0, eos_token_id=0,
+                                     attn_implementation="eager")
+    return transformers.GPT2LMHeadModel(config).train()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build, extra, expected", [
+    (_bert, {}, {"attention": 1, "layer_norm": 3, "gelu": 1}),
+    (_gpt2, {"use_cache": False}, {"attention": 1, "layer_norm": 3, "gelu": 1}),
+], ids=["bert", "gpt2"])
+def test_transformers_train_like_eager(build, extra, expected):
+    """Every eager-attention, GELU and LayerNorm site whose output a neighbour keeps is
+    rewritten (BERT's embedding LayerNorm and head GELU feed a dropout and a LayerNorm)."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    comparison = assert_same_as_eager(build(), (), TEMPO, kwargs={"input_ids": ids,
+                                                                  "labels": ids, **extra})
+    assert _tempo_stats(comparison)["rewritten"] == expected
+
+
+def _saved_bytes(model, options, kwargs):
+    backend = fxopt.backend(**options)
+    compiled = torch.compile(model, backend=backend)
+    compiled(**kwargs).loss.backward()  # compile forward and backward first
+    caller_owned = [*model.parameters(), *model.buffers(), *kwargs.values()]
+    return (measure_saved_bytes(lambda: compiled(**kwargs), exclude=caller_owned),
+            backend.graphs)
+
+
+@pytest.mark.slow
+def test_bert_keeps_fewer_bytes_for_backward():
+    """Measured with saved-tensor hooks around the compiled forward: tempo removes what it
+    predicts (within the bytes of a few small tensors), here about 30%."""
+    torch.manual_seed(0)
+    model = _bert()
+    kwargs = {"input_ids": torch.randint(0, VOCAB, (2, 11))}
+    kwargs["labels"] = kwargs["input_ids"]
+    baseline, _ = _saved_bytes(model, {}, kwargs)
+    lean, graphs = _saved_bytes(model, TEMPO, kwargs)
+    predicted = sum(sum(r.stats["bytes_removed"].values())
+                    for g in graphs for r in g.passes if r.name == "tempo" and r.fired)
+    assert lean.bytes < 0.75 * baseline.bytes
+    assert abs((baseline.bytes - lean.bytes) - predicted) <= 0.01 * predicted
