@@ -52,6 +52,7 @@ _names = itertools.count()
 class _Region:
     nodes: list[fx.Node]
     shape: tuple[int, ...]
+    deferred: list[fx.Node] = field(default_factory=list)  # moved after the fused call
 
 
 @dataclass
@@ -167,7 +168,9 @@ def _regions(graph: fx.Graph, candidates: dict[fx.Node, Op]) -> list[_Region]:
     """Grow regions greedily in graph order; a node joins (and merges) its producers'
     regions of its shape when the fused call, placed at the node, breaks no dependency."""
     position = {node: i for i, node in enumerate(graph.nodes)}
-    mutations = [position[n] for n in graph.nodes if _mutates(n)]
+    mutating = {n for n in graph.nodes if _mutates(n)}
+    mutations = sorted(position[n] for n in mutating)
+    unmovable = candidates.keys() | mutating
     region_of: dict[fx.Node, _Region] = {}
     regions: list[_Region] = []
     for node, op in candidates.items():
@@ -178,11 +181,14 @@ def _regions(graph: fx.Graph, candidates: dict[fx.Node, Op]) -> list[_Region]:
             if region is not None and region.shape == shape and region not in producers:
                 producers.append(region)
         chosen: list[_Region] = []
+        deferred: list[fx.Node] = []
         for region in producers:
-            if _can_join([*chosen, region], node, position, mutations):
+            joined = _can_join([*chosen, region], node, position, mutations, unmovable)
+            if joined is not None:
                 chosen.append(region)
-        merged = _Region(sorted((n for r in chosen for n in r.nodes), key=position.__getitem__)
-                         + [node], shape)
+                deferred = joined
+        members = sorted((n for r in chosen for n in r.nodes), key=position.__getitem__)
+        merged = _Region([*members, node], shape, deferred)
         regions = [r for r in regions if r not in chosen] + [merged]
         for member in merged.nodes:
             region_of[member] = merged
@@ -190,14 +196,31 @@ def _regions(graph: fx.Graph, candidates: dict[fx.Node, Op]) -> list[_Region]:
 
 
 def _can_join(regions: list[_Region], node: fx.Node, position: dict[fx.Node, int],
-              mutations: list[int]) -> bool:
+              mutations: list[int], unmovable: set[fx.Node]) -> list[fx.Node] | None:
+    """Whether ``regions`` and ``node`` can be one region whose call sits at ``node``.
+
+    Returns None if not, else the outside nodes to move after the call: users of a
+    member that come before ``node`` (e.g. the ``detach`` AOTAutograd puts after a saved
+    value) with everything they feed up to ``node``, provided none of it is a member,
+    another pointwise op or an in-place op.
+    """
     members = {n for r in regions for n in r.nodes} | {node}
     at = position[node]
     start = min(position[n] for n in members)
     if bisect.bisect_left(mutations, start) != bisect.bisect_left(mutations, at):
-        return False  # an in-place op between the region's first op and this one
-    return all(position[user] > at for member in members if member is not node
-               for user in member.users if user not in members)
+        return None  # an in-place op between the region's first op and this one
+    stack = [user for member in members if member is not node for user in member.users
+             if user not in members and position[user] < at]
+    deferred: set[fx.Node] = set()
+    while stack:
+        user = stack.pop()
+        if user in deferred:
+            continue
+        if user in members or user in unmovable:
+            return None
+        deferred.add(user)
+        stack.extend(u for u in user.users if position[u] <= at)
+    return sorted(deferred, key=position.__getitem__)
 
 
 # ---------------------------------------------------------------------------- rewrite
@@ -283,6 +306,9 @@ def _rewrite(graph: fx.Graph, region: _Region, program: Program, inputs: list[fx
         anchor.meta["val"] = out.meta["val"]
         anchor.meta["fxopt"] = {"pass": "fuse_elementwise", "replaces": [out.name]}
         out.replace_all_uses_with(anchor, delete_user_cb=lambda user: user not in members)
+    for node in region.deferred:
+        anchor.append(node)
+        anchor = node
     for node in reversed(region.nodes):
         graph.erase_node(node)
     stats.regions_fused += 1

@@ -183,3 +183,15 @@ def test_output_used_before_the_region_ends_splits_it():
     result = _direct(fn, x)
     assert result.stats["regions_fused"] == 2
     torch.testing.assert_close(result.graph_module(x), fn(x))
+
+
+def test_outside_users_that_do_not_feed_the_region_move_after_it():
+    def fn(x):
+        a = torch.sigmoid(x * 2)
+        s = a.sum()  # uses `a` early, but nothing of the chain needs it
+        return torch.tanh(a) * 3 + 1, s
+
+    x = torch.randn(3, 37)
+    result = _direct(fn, x)
+    assert result.stats["regions_fused"] == 1 and result.stats["ops_fused"] == 5
+    torch.testing.assert_close(result.graph_module(x), fn(x))

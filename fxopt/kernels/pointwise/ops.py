@@ -199,6 +199,11 @@ def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
     return node.kwargs.get(name, default)
 
 
+def _dtype(value: Any) -> torch.dtype | None:
+    val = value.meta.get("val") if isinstance(value, fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
 def _scalar(value: Any, what: str) -> Any:
     """A Python number argument, or Unsupported (bools, symbolic values, None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -229,6 +234,8 @@ def lower(node: fx.Node) -> Op:
         return Op(_COMPARISONS[target], tuple(node.args[:2]), compute="promote")
     if target in _LOGICAL:
         return Op(_LOGICAL[target], tuple(node.args), compute="bool")
+    if target == aten.bitwise_not.default and _dtype(node.args[0]) == torch.bool:
+        return Op("logical_not", (node.args[0],), compute="bool")
     return _lower_special(node)
 
 
@@ -279,7 +286,11 @@ def _lower_copy(node: fx.Node) -> Op:
             raise Unsupported("_to_copy that changes device or layout")
         return Op("identity", (node.args[0],))
     if target == aten.clone.default:
-        _no_extra_kwargs(node, set())
+        # the output is allocated with the strides the node recorded, so a clone that
+        # changes the layout is a strided read and a linear write
+        if node.kwargs.get("memory_format") not in (None, torch.contiguous_format,
+                                                    torch.preserve_format):
+            raise Unsupported(f"clone to {node.kwargs['memory_format']}")
         return Op("identity", (node.args[0],))
     name = getattr(target, "__name__", str(target))
     raise Unsupported(f"no pointwise kernel for {name}")
