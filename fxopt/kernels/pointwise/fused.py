@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -70,6 +71,7 @@ class FusedPointwise:
         self.shape = tuple(shape)
         self.output_strides = tuple(tuple(s) for s in output_strides)
         self.__name__ = self.__qualname__ = name  # how fx code names the call
+        self._launches: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}
 
     def __repr__(self) -> str:
         return f"{self.__name__}({len(self.program.instrs)} ops)"
@@ -82,19 +84,27 @@ class FusedPointwise:
         numel = math.prod(self.shape)
         if numel == 0:
             return outputs
-        in_strides = [broadcast_strides(t.shape, t.stride(), self.shape) for t in inputs]
-        layout = layout_for(self.shape, in_strides, self.output_strides)
-        kernel, _ = get_kernel(self.program, layout)
-        args: list[object] = [*inputs, *outputs, numel]
-        if layout.any_strided:
-            args += list(self.shape[1:])
-        for strides, strided in zip([*in_strides, *self.output_strides],
-                                    [*layout.strided_inputs, *layout.strided_outputs]):
-            if strided:
-                args += list(strides)
+        key = tuple((tuple(t.shape), t.stride()) for t in inputs)
+        if key not in self._launches:  # once per input layout, not per call
+            self._launches[key] = self._prepare(inputs)
+        kernel, extra = self._launches[key]
+        args = [*inputs, *outputs, numel, *extra]
         if triton_interpreting():
             block = min(1024, 1 << max(numel - 1, 0).bit_length())
             kernel[(-(-numel // block),)](*args, BLOCK=block)
         else:
             kernel[lambda meta: (-(-numel // meta["BLOCK"]),)](*args)
         return outputs
+
+    def _prepare(self, inputs: Sequence[torch.Tensor]) -> tuple[Any, list[int]]:
+        """The kernel for these inputs' layout and the size and stride arguments after
+        ``numel`` (sizes and strides of the tensors read or written by index arithmetic)."""
+        in_strides = [broadcast_strides(t.shape, t.stride(), self.shape) for t in inputs]
+        layout = layout_for(self.shape, in_strides, self.output_strides)
+        kernel, _ = get_kernel(self.program, layout)
+        extra = list(self.shape[1:]) if layout.any_strided else []
+        for strides, strided in zip([*in_strides, *self.output_strides],
+                                    [*layout.strided_inputs, *layout.strided_outputs]):
+            if strided:
+                extra += list(strides)
+        return kernel, extra

@@ -280,7 +280,8 @@ def _lower_copy(node: fx.Node) -> Op:
         return Op("identity", (node.args[0],))
     if target == aten._to_copy.default:
         _no_extra_kwargs(node, {"dtype", "layout", "device"})
-        source, val = node.args[0].meta.get("val"), node.meta.get("val")
+        source = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+        val = node.meta.get("val")
         if node.kwargs.get("layout", torch.strided) != torch.strided or (
                 source is None or val is None or source.device != val.device):
             raise Unsupported("_to_copy that changes device or layout")
