@@ -29,6 +29,7 @@ def total(comparison, key):
 
 
 def check(fn, *args, **kwargs):
+    """Compiled with the pass equals eager (outputs and every gradient), and it fired."""
     comparison = assert_same_as_eager(fn, args, ON, **kwargs)
     assert comparison.fired("fuse_elementwise")
     return comparison
@@ -118,10 +119,22 @@ def test_values_used_outside_the_region_are_written():
 
 
 def test_transformer_block_trains_like_eager_and_reuses_kernels():
-    model = torch.nn.Sequential(Block(dim=16, heads=2), Block(dim=16, heads=2))
+    model = torch.nn.Sequential(Block(dim=16, heads=2, dropout=0.1), Block(dim=16, heads=2))
     comparison = check(model, torch.randn(2, 5, 16), steps=2)
     assert total(comparison, "kernels_reused") > 0
     assert total(comparison, "launches_saved") > 0
+
+
+def test_llama_trains_like_eager():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=31, hidden_size=16, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      intermediate_size=24, max_position_embeddings=16)
+    ids = torch.randint(0, 31, (2, 7))
+    comparison = check(transformers.LlamaForCausalLM(config).train(),
+                       kwargs={"input_ids": ids, "labels": ids, "use_cache": False})
+    assert total(comparison, "kernels_reused") > 0  # two identical layers, one kernel
 
 
 def test_conv_net_trains_like_eager():

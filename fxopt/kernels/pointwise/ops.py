@@ -123,6 +123,7 @@ EXPRESSIONS: dict[str, Expression] = {
     "sub": lambda a, p, d: f"({a[0]} - {a[1]})" if p[0] == 1 else f"({a[0]} - {a[1]} * {p[0]!r})",
     "rsub": lambda a, p, d: f"({a[1]} - {a[0]})" if p[0] == 1 else f"({a[1]} - {a[0]} * {p[0]!r})",
     "mul": lambda a, p, d: f"({a[0]} * {a[1]})",
+    "mul_scaled": lambda a, p, d: f"({a[0]} * {a[1]} * {p[0]!r})",
     "div": lambda a, p, d: f"({a[0]} / {a[1]})",
     "maximum": lambda a, p, d: _maximum(a[0], a[1], d),
     "minimum": lambda a, p, d: _minimum(a[0], a[1], d),
@@ -192,6 +193,11 @@ _LOGICAL = {
     aten.logical_and.default: "logical_and", aten.logical_or.default: "logical_or",
     aten.logical_xor.default: "logical_xor", aten.logical_not.default: "logical_not",
 }
+_BITWISE_ON_BOOL = {
+    aten.bitwise_and.Tensor: "logical_and", aten.bitwise_or.Tensor: "logical_or",
+    aten.bitwise_xor.Tensor: "logical_xor", aten.bitwise_not.default: "logical_not",
+}
+
 
 def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
     if len(node.args) > index:
@@ -234,8 +240,8 @@ def lower(node: fx.Node) -> Op:
         return Op(_COMPARISONS[target], tuple(node.args[:2]), compute="promote")
     if target in _LOGICAL:
         return Op(_LOGICAL[target], tuple(node.args), compute="bool")
-    if target == aten.bitwise_not.default and _dtype(node.args[0]) == torch.bool:
-        return Op("logical_not", (node.args[0],), compute="bool")
+    if target in _BITWISE_ON_BOOL and all(_dtype(a) == torch.bool for a in node.args):
+        return Op(_BITWISE_ON_BOOL[target], tuple(node.args), compute="bool")
     return _lower_special(node)
 
 
@@ -267,6 +273,9 @@ def _lower_special(node: fx.Node) -> Op:
         if node.args[3] is True:
             raise Unsupported("leaky_relu_backward of an in-place leaky_relu")
         return Op("leaky_relu_backward", tuple(node.args[:2]), (float(node.args[2]),))
+    if target == aten.native_dropout_backward.default:
+        return Op("mul_scaled", tuple(node.args[:2]),
+                  (float(_scalar(node.args[2], "dropout scale")),))
     if target == aten.threshold_backward.default:
         return Op("threshold_backward", tuple(node.args[:2]),
                   (_scalar(node.args[2], "threshold"),))
