@@ -164,13 +164,25 @@ def _mutates(node: fx.Node) -> bool:
     return any(written for _, _, written in args)
 
 
+def _pure(node: fx.Node) -> bool:
+    """A call that may run later without changing any result: no random numbers (moving
+    one would change which values it draws), no side effects, nothing unknown."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return True
+    return (isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded not in node.target.tags
+            and not node.target._schema.is_mutable)
+
+
 def _regions(graph: fx.Graph, candidates: dict[fx.Node, Op]) -> list[_Region]:
     """Grow regions greedily in graph order; a node joins (and merges) its producers'
     regions of its shape when the fused call, placed at the node, breaks no dependency."""
     position = {node: i for i, node in enumerate(graph.nodes)}
     mutating = {n for n in graph.nodes if _mutates(n)}
     mutations = sorted(position[n] for n in mutating)
-    unmovable = candidates.keys() | mutating
+    unmovable = {n for n in graph.nodes if n in candidates or n in mutating or not _pure(n)}
     region_of: dict[fx.Node, _Region] = {}
     regions: list[_Region] = []
     for node, op in candidates.items():
@@ -202,7 +214,7 @@ def _can_join(regions: list[_Region], node: fx.Node, position: dict[fx.Node, int
     Returns None if not, else the outside nodes to move after the call: users of a
     member that come before ``node`` (e.g. the ``detach`` AOTAutograd puts after a saved
     value) with everything they feed up to ``node``, provided none of it is a member,
-    another pointwise op or an in-place op.
+    another pointwise op, or a call that is not pure (random, in-place, unknown).
     """
     members = {n for r in regions for n in r.nodes} | {node}
     at = position[node]

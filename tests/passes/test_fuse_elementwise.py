@@ -208,3 +208,20 @@ def test_outside_users_that_do_not_feed_the_region_move_after_it():
     result = _direct(fn, x)
     assert result.stats["regions_fused"] == 1 and result.stats["ops_fused"] == 5
     torch.testing.assert_close(result.graph_module(x), fn(x))
+
+
+def test_random_ops_are_never_moved():
+    def fn(x):
+        a = torch.sigmoid(x * 2)
+        dropout = torch.ops.aten.native_dropout.default  # as AOTAutograd's graphs have it
+        d = dropout(a, 0.5, True)[0]  # moved after the next dropout, they would swap masks
+        e = dropout(x, 0.5, True)[0]
+        return torch.tanh(a) * 3 + 1, d, e
+
+    x = torch.randn(3, 37)
+    result = _direct(fn, x)
+    assert result.stats["regions_fused"] == 2
+    torch.manual_seed(0)
+    expected = fn(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(result.graph_module(x), expected)
