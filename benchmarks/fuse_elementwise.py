@@ -35,7 +35,7 @@ import fxopt  # noqa: E402
 
 
 def chain(x, y, b):
-    """Six pointwise ops, three inputs (one broadcast), two outputs."""
+    """Seven pointwise ops, three inputs (one broadcast), two outputs."""
     z = torch.sigmoid(x * y + b)
     return F.gelu(z) * torch.tanh(x) - z, z
 
@@ -64,7 +64,7 @@ def chain_figures(device: torch.device, numel: int, repeat: int, inductor: bool)
     src, dst = torch.randn(rows, cols, device=device), torch.empty(rows, cols, device=device)
     copy_s = timed(lambda s, d: d.copy_(s), src, dst, repeat=repeat)
     copy_bw = 2 * src.nelement() * 4 / copy_s
-    print(f"(a,b) chain of 6 pointwise ops on {rows}x{cols} fp32 ({x.nelement() * 4 / 2**20:.0f}"
+    print(f"(a,b) chain of 7 pointwise ops on {rows}x{cols} fp32 ({x.nelement() * 4 / 2**20:.0f}"
           f" MiB per tensor) on {device}")
     print(f"  copy bandwidth: {copy_bw / 1e9:.1f} GB/s")
     candidates = {"eager": chain}
@@ -121,7 +121,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     print(f"torch {torch.__version__}, python {platform.python_version()}, device "
-          f"{torch.cuda.get_device_name() if device.type == 'cuda' else platform.processor()}"
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else platform.machine()}"
           f", TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}")
     if args.smoke:
         chain_figures(device, numel=3 * 37 * 11, repeat=3, inductor=not args.no_inductor)
