@@ -18,6 +18,9 @@ with its reason in the stats.
 
 It declines the whole graph where Triton cannot run (a CPU without ``TRITON_INTERPRET=1``)
 and with ``codegen="inductor"``, which fuses pointwise ops itself.
+
+Private torch APIs: ``torch._ops.OpOverload`` (which calls are aten ops) and schema alias
+sets through ``_compat.op_alias_sets`` (which calls write an argument), as the analyses do.
 """
 
 from __future__ import annotations
@@ -173,7 +176,7 @@ def _pure(node: fx.Node) -> bool:
         return True
     return (isinstance(node.target, torch._ops.OpOverload)
             and torch.Tag.nondeterministic_seeded not in node.target.tags
-            and not node.target._schema.is_mutable)
+            and not _mutates(node))
 
 
 def _regions(graph: fx.Graph, candidates: dict[fx.Node, Op]) -> list[_Region]:
@@ -182,7 +185,7 @@ def _regions(graph: fx.Graph, candidates: dict[fx.Node, Op]) -> list[_Region]:
     position = {node: i for i, node in enumerate(graph.nodes)}
     mutating = {n for n in graph.nodes if _mutates(n)}
     mutations = sorted(position[n] for n in mutating)
-    unmovable = {n for n in graph.nodes if n in candidates or n in mutating or not _pure(n)}
+    unmovable = {n for n in graph.nodes if n in candidates or not _pure(n)}
     region_of: dict[fx.Node, _Region] = {}
     regions: list[_Region] = []
     for node, op in candidates.items():
