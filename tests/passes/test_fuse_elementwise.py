@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from models import Block, ConvNet
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import fxopt
 from fxopt import config
 from fxopt.kernels import triton_runs_on
 from fxopt.passes import GraphKind, PassContext, Stage
@@ -139,6 +140,22 @@ def test_llama_trains_like_eager():
 
 def test_conv_net_trains_like_eager():
     check(ConvNet(channels=4), torch.randn(2, 3, 9, 9))
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_match_eager_at_a_larger_shape():
+    def cuda(*shape):
+        return torch.randn(*shape, device="cuda", requires_grad=True)
+
+    check(activations, cuda(333, 1037), cuda(333, 1037), cuda(1037))
+    check(comparisons, cuda(333, 1037), cuda(333, 1037), cuda(1037))
+
+
+def test_explain_shows_the_pass_and_its_stats():
+    report = fxopt.explain(lambda x: torch.sigmoid(x * 2) + 1, rand(3, 37), options=ON)
+    rows = [line for line in str(report).splitlines()
+            if "fuse_elementwise" in line and not line.startswith("options")]
+    assert len(rows) == 2 and all("changed" in r and "regions_fused=1" in r for r in rows)
 
 
 def test_dynamic_shapes_are_left_alone_with_a_reason():
