@@ -16,6 +16,7 @@ from fxopt.passes.base import (
     RewriteCounter,
     Stage,
 )
+from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.passes.tempo import tempo
 
@@ -37,7 +38,8 @@ PIPELINE: list[PassSpec] = [
         issue="#7", description="keep, recompute or swap each saved activation (DELTA)"),
     PassSpec(
         name="fuse_elementwise", flag="fuse_elementwise",
-        stages=(Stage.FORWARD, Stage.BACKWARD), run=None, issue="#4",
+        stages=(Stage.FORWARD, Stage.BACKWARD), run=fuse_elementwise, issue="#4",
+        default_text="off (opt in; on a CPU it needs TRITON_INTERPRET=1)",
         description="pointwise op chains become generated Triton kernels"),
     PassSpec(
         name="offload_optimizer", flag="offload_optimizer", stages=(Stage.BACKWARD,),
