@@ -1,0 +1,32 @@
+"""The planner's plain data: what the machine can do, and what a plan may decide.
+
+- :mod:`~fxopt.planner.hardware`: a :class:`HardwareProfile` (FLOP rates, bandwidths,
+  optimizer-update throughput, capacity) with documented defaults per device, and the
+  roofline time of a node on it.
+- :mod:`~fxopt.planner.activations`: the saved-activation decision problem (keep, recompute
+  or swap each tensor the forward keeps for backward) as plain data, and the pure functions
+  that evaluate a choice of actions: the memory timeline, its peak and the added step time.
+
+Passes build these problems from their graphs and apply the decisions; deciding (a
+heuristic in a pass, or a solver) never touches an fx graph. That is the seam between the
+passes and the solver-based planner.
+"""
+
+from fxopt.planner.activations import (
+    ACTIONS,
+    ActivationChoice,
+    ActivationProblem,
+    Decision,
+    SavedActivation,
+    added_seconds,
+    evaluate,
+    peak_bytes,
+    timeline_bytes,
+)
+from fxopt.planner.hardware import HardwareProfile, profile_for
+
+__all__ = [
+    "ACTIONS", "ActivationChoice", "ActivationProblem", "Decision", "HardwareProfile",
+    "SavedActivation", "added_seconds", "evaluate", "peak_bytes", "profile_for",
+    "timeline_bytes",
+]

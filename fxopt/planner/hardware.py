@@ -1,0 +1,128 @@
+"""What a device can do, as the cost models need it: a :class:`HardwareProfile`.
+
+Every time prediction in fxopt (a recompute's cost, whether a swap's copy hides behind
+compute, where an optimizer subgroup should update) is a roofline against one profile:
+``max(flops / flop_rate, bytes / memory_bandwidth)`` per node, copies at
+``host_device_bandwidth``. The defaults below are *achievable* rates, not datasheet peaks:
+about 70% of the dense datasheet FLOP rate and 80% of the memory bandwidth, and the pinned
+host<->device copy rate typically measured on each platform's PCIe generation. A measured
+profile (calibration) replaces them; ``source`` says which one a report is using.
+
+On a CPU device there is no separate device memory: ``host_device_bandwidth`` is None and
+swapping to host memory frees nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["HardwareProfile", "profile_for", "KNOWN_GPUS", "CPU_DEFAULT"]
+
+_TERA = 1e12
+_GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Rates of one device (all per second) and its memory capacity (bytes, None: unknown).
+
+    ``flops`` maps a dtype name ("float32", "bfloat16", "float16") to FLOP/s of matmul-class
+    work; other dtypes use the float32 rate. ``cpu_update_params_per_second`` is the host's
+    fused Adam throughput (parameters updated per second with all threads), which the
+    optimizer-offload model needs whatever the device is.
+    """
+
+    name: str
+    device_type: str
+    flops: Mapping[str, float]
+    memory_bandwidth: float
+    host_device_bandwidth: float | None
+    cpu_update_params_per_second: float
+    memory_capacity: int | None = None
+    source: str = "default"
+    notes: str = field(default="", compare=False)
+
+    def flop_rate(self, dtype: torch.dtype | str) -> float:
+        key = str(dtype).removeprefix("torch.")
+        return self.flops.get(key, self.flops["float32"])
+
+    def compute_seconds(self, flops: float, bytes_moved: float,
+                        dtype: torch.dtype | str = "float32") -> float:
+        """Roofline time of one kernel: bound by its FLOPs or by the bytes it moves."""
+        return max(flops / self.flop_rate(dtype), bytes_moved / self.memory_bandwidth)
+
+    def copy_seconds(self, nbytes: float) -> float | None:
+        """One host<->device copy of ``nbytes`` (None where there is no separate memory)."""
+        if self.host_device_bandwidth is None:
+            return None
+        return nbytes / self.host_device_bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["flops"] = dict(self.flops)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HardwareProfile:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"fxopt: unknown hardware profile fields {sorted(unknown)}; "
+                             f"valid: {sorted(names)}")
+        return cls(**{**data, "flops": dict(data["flops"])})
+
+
+# A 2-core x86 container like fxopt's CI: measured with torch 2.13 (fp32 GEMM ~60 GFLOP/s,
+# copy ~8 GB/s, torch._fused_adam on CPU tensors ~1.5e8 params/s).
+CPU_DEFAULT = HardwareProfile(
+    name="cpu", device_type="cpu", flops={"float32": 60 * _GIGA, "bfloat16": 30 * _GIGA},
+    memory_bandwidth=8 * _GIGA, host_device_bandwidth=None,
+    cpu_update_params_per_second=1.5e8,
+    notes="generic CPU default; calibrate for a real figure")
+
+# Datasheet dense rates x0.7, HBM x0.8, pinned copies as typically measured per PCIe gen.
+KNOWN_GPUS: dict[str, HardwareProfile] = {
+    "H200": HardwareProfile(
+        name="H200", device_type="cuda",
+        flops={"float32": 0.7 * 67 * _TERA, "bfloat16": 0.7 * 989 * _TERA,
+               "float16": 0.7 * 989 * _TERA},
+        memory_bandwidth=0.8 * 4.8 * _TERA, host_device_bandwidth=50 * _GIGA,
+        cpu_update_params_per_second=1.5e9, memory_capacity=141 * 10**9),
+    "H100": HardwareProfile(
+        name="H100", device_type="cuda",
+        flops={"float32": 0.7 * 67 * _TERA, "bfloat16": 0.7 * 989 * _TERA,
+               "float16": 0.7 * 989 * _TERA},
+        memory_bandwidth=0.8 * 3.35 * _TERA, host_device_bandwidth=50 * _GIGA,
+        cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9),
+    "A100": HardwareProfile(
+        name="A100", device_type="cuda",
+        flops={"float32": 0.7 * 19.5 * _TERA, "bfloat16": 0.7 * 312 * _TERA,
+               "float16": 0.7 * 312 * _TERA},
+        memory_bandwidth=0.8 * 2.0 * _TERA, host_device_bandwidth=24 * _GIGA,
+        cpu_update_params_per_second=1.0e9, memory_capacity=80 * 10**9),
+}
+
+# Any other CUDA GPU: a mid-range figure, capacity read from the device.
+_GENERIC_GPU = HardwareProfile(
+    name="cuda", device_type="cuda",
+    flops={"float32": 10 * _TERA, "bfloat16": 80 * _TERA, "float16": 80 * _TERA},
+    memory_bandwidth=0.8 * 1.0 * _TERA, host_device_bandwidth=12 * _GIGA,
+    cpu_update_params_per_second=5e8, notes="unknown GPU: generic default; calibrate")
+
+
+def profile_for(device: torch.device | str) -> HardwareProfile:
+    """The default profile of ``device``: a known GPU by name, a generic GPU, or the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CPU_DEFAULT
+    name = torch.cuda.get_device_name(device)
+    capacity = torch.cuda.get_device_properties(device).total_memory
+    for key, profile in KNOWN_GPUS.items():
+        if key in name:
+            return dataclasses.replace(profile, memory_capacity=capacity)
+    return dataclasses.replace(_GENERIC_GPU, name=name, memory_capacity=capacity)
