@@ -8,8 +8,9 @@ Prints, in one run: the graphs' node counts; one compiled training step without 
 ``debug_dir`` (the dump's overhead as a ratio); the dump's size; ``fxopt diff`` (text) and
 ``--html`` times; the page's size; and, when /usr/bin/chromium exists, how long headless
 Chromium takes to load the page and run its script, next to an empty page (the browser's
-own start-up). The tool runs on the host, so the CPU is its real device; the example's
-demonstration pass (examples/graph_diff.py) changes the forward and backward graphs.
+own start-up). The tool runs on the host, so the CPU is its real device. A demonstration
+pass, ``t_as_permute``, changes both the forward and the backward graphs (every ``aten.t``
+becomes the equivalent ``aten.permute``), so both get diffed at full size.
 """
 
 from __future__ import annotations
@@ -27,15 +28,39 @@ import time
 from pathlib import Path
 
 import torch
+import torch.fx as fx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from graph_diff import T_AS_PERMUTE, gpt2, training_step  # noqa: E402
+from graph_diff import gpt2, training_step  # noqa: E402
 
 import fxopt  # noqa: E402
 from fxopt.__main__ import main as fxopt_cli  # noqa: E402
+from fxopt.passes import PassContext, PassResult, PassSpec, Stage  # noqa: E402
 from fxopt.testing import extra_passes  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
+aten = torch.ops.aten
+
+
+def t_as_permute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    """Demonstration pass: ``aten.t(x)`` -> ``aten.permute(x, [1, 0])`` (same view)."""
+    rewritten = 0
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.t.default)):
+        if not ctx.rewrites.allow():
+            continue
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(aten.permute.default, (node.args[0], [1, 0]))
+        new.meta["val"] = node.meta["val"]
+        new.meta["fxopt"] = {"pass": "t_as_permute", "replaces": [node.name]}
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    return PassResult(gm, rewritten > 0, {"sites": rewritten})
+
+
+T_AS_PERMUTE = PassSpec(name="t_as_permute", stages=(Stage.FORWARD, Stage.BACKWARD),
+                        description="demonstration: aten.t as aten.permute", run=t_as_permute,
+                        default=lambda ctx: True, default_text="on (example)")
 
 
 def timed(fn, *args) -> float:
