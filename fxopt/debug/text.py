@@ -39,11 +39,15 @@ def summary_line(step: Step) -> str:
     and the pass's plan file when it wrote one."""
     diff = step.diff
     plan = step.after.entry.get("plan")
+    if step.before.memory is None and step.after.memory is None:
+        memory = "memory not predicted at this stage (before autograd)"
+    else:
+        memory = (f"activations {_memory(step, 'activation_bytes')}, "
+                  f"peak {_memory(step, 'peak_bytes')}")
     return (f"{step.name}: nodes {len(step.before.nodes)} -> {len(step.after.nodes)} "
             f"(+{len(diff.added)} -{len(diff.removed)} ~{len(diff.changed)}), "
-            f"kernels {step.before.kernels} -> {step.after.kernels}, "
-            f"activations {_memory(step, 'activation_bytes')}, "
-            f"peak {_memory(step, 'peak_bytes')}" + (f", plan {plan}" if plan else ""))
+            f"kernels {step.before.kernels} -> {step.after.kernels}, {memory}"
+            + (f", plan {plan}" if plan else ""))
 
 
 def _node_line(mark: str, node: dict[str, Any], note: str) -> str:
