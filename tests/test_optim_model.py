@@ -33,6 +33,8 @@ CASES = [
      {"gpu_state_budget_bytes": 12 * MB}, ("cpu", "gpu", "cpu")),
     ("forced cpu_fraction 0", (MB, MB), {"cpu_fraction": 0.0}, ("gpu", "gpu")),
     ("forced cpu_fraction 1", (MB, MB), {"cpu_fraction": 1.0}, ("cpu", "cpu")),
+    ("forced cpu_fraction is a share of parameters", (MB, MB, 2 * MB), {"cpu_fraction": 0.5},
+     ("cpu", "cpu", "gpu")),
     ("forced cpu_fraction 1 under a zero budget", (MB,),
      {"cpu_fraction": 1, "gpu_state_budget_bytes": 0}, ("cpu",)),
 ]
@@ -74,11 +76,19 @@ def test_gradient_copies_overlap_the_backward():
     assert t_late == pytest.approx(t_early + copy)
 
 
-def _brute_force(subgroups, hardware, budget, cpu_count):
+def _brute_force(subgroups, hardware, budget, fraction):
+    placements = list(itertools.product(("gpu", "cpu"), repeat=len(subgroups)))
+    if fraction is not None:  # only the shares of parameters on the CPU closest to it
+        total = sum(s.numel for s in subgroups)
+
+        def distance(placement):
+            cpu = sum(s.numel for s, w in zip(subgroups, placement) if w == "cpu")
+            return abs(cpu / total - fraction)
+
+        closest = min(map(distance, placements))
+        placements = [p for p in placements if distance(p) <= closest + 1e-12]
     best = None
-    for placement in itertools.product(("gpu", "cpu"), repeat=len(subgroups)):
-        if cpu_count is not None and placement.count("cpu") != cpu_count:
-            continue
+    for placement in placements:
         prediction = simulate(subgroups, placement, hardware)
         if budget is not None and prediction.gpu_state_bytes > budget:
             continue
@@ -97,12 +107,16 @@ def test_choice_is_the_brute_force_optimum(seed):
     hardware = dataclasses.replace(H100, memory_bandwidth=rng.choice((20e9, 2e12)))
     total = simulate(subgroups, ["gpu"] * len(subgroups), hardware).gpu_state_bytes
     budget = rng.choice((None, 0, total // 3, total))
-    fraction = rng.choice((None, None, 0.5))
-    cpu_count = None if fraction is None else round(fraction * len(subgroups))
+    fraction = rng.choice((None, None, 0.3, 0.5))
+    expected = _brute_force(subgroups, hardware, budget, fraction)
+    if expected is None:  # the forced share does not fit the budget
+        with pytest.raises(ValueError, match="raise the budget"):
+            plan_offload(subgroups, hardware, gpu_state_budget_bytes=budget,
+                         cpu_fraction=fraction)
+        return
     plan = plan_offload(subgroups, hardware, gpu_state_budget_bytes=budget,
                         cpu_fraction=fraction)
-    assert plan.predicted_seconds == pytest.approx(
-        _brute_force(subgroups, hardware, budget, cpu_count), rel=1e-9)
+    assert plan.predicted_seconds == pytest.approx(expected, rel=1e-9)
 
 
 def test_many_subgroups_use_interleavings_and_respect_the_budget():

@@ -191,8 +191,8 @@ def test_a_plan_given_as_data():
      "cpu_fraction"),
     (lambda m: offload(torch.optim.Adam(m.parameters(), differentiable=True), m), ValueError,
      "differentiable"),
-    (lambda m: offload(offload(torch.optim.Adam(m.parameters()), m), m), TypeError,
-     "not supported"),
+    (lambda m: offload(offload(torch.optim.Adam(m.parameters()), m, cpu_fraction=1), m),
+     TypeError, "already offloaded"),
     (lambda m: OffloadedOptimizer(torch.optim.Adam(m.parameters()), OffloadPlan(
         (), 0.0, 0.0, 0.0, 0, 0, 0, "cpu")), ValueError, "the plan covers"),
 ])
@@ -203,7 +203,9 @@ def test_bad_arguments_raise_clearly(build, error, message):
 
 def test_plan_and_planning_options_together_raise():
     model = MLP()
-    plan = offload(torch.optim.Adam(model.parameters()), model).plan
+    with pytest.warns(UserWarning, match="keeps all optimizer state on the device"):
+        plan = offload(torch.optim.Adam(model.parameters()), model).plan
+    assert set(plan.placement_of().values()) == {"gpu"}
     with pytest.raises(ValueError, match="either a plan or planning options"):
         offload(torch.optim.Adam(model.parameters()), plan, cpu_fraction=0.5)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -129,6 +130,10 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     else:
         raise TypeError(f"fxopt.optim.offload: source must be an OffloadPlan, an "
                         f"fxopt.Backend, a model or None, got {type(source).__name__}")
+    if all(v is None for v in planning.values()):
+        warnings.warn("fxopt.optim.offload: no gpu_state_budget_bytes or cpu_fraction given "
+                      "(nor recorded by the offload_optimizer pass): the fastest plan keeps "
+                      "all optimizer state on the device", stacklevel=2)
     infos = [ParamInfo(key=i, numel=params[i].numel(), itemsize=params[i].element_size(),
                        ready_seconds=ready) for i, ready in order]
     hardware = hardware or profile_for(params[0].device)

@@ -221,13 +221,11 @@ def simulate(subgroups: Sequence[Subgroup], placements: Sequence[str], hardware:
                        for s, w in zip(subgroups, placements) if w == "cpu"))
 
 
-def _candidates(n: int, cpu_count: int | None) -> Iterable[tuple[str, ...]]:
+def _candidates(n: int) -> Iterable[tuple[str, ...]]:
     """Placements to evaluate: all of them for small n; otherwise DOS's interleavings
     (every g-th subgroup on one side, each offset), prefixes and suffixes."""
     if n <= EXHAUSTIVE_LIMIT:
-        for placement in itertools.product(PLACEMENTS, repeat=n):
-            if cpu_count is None or placement.count("cpu") == cpu_count:
-                yield placement
+        yield from itertools.product(PLACEMENTS, repeat=n)
         return
     seen: set[tuple[str, ...]] = set()
     for gap in range(1, n + 1):
@@ -241,9 +239,17 @@ def _candidates(n: int, cpu_count: int | None) -> Iterable[tuple[str, ...]]:
         if 0 < k < n:  # k CPU subgroups spread evenly
             seen.add(tuple("cpu" if math.floor((i + 1) * k / n) > math.floor(i * k / n)
                            else "gpu" for i in range(n)))
-    for placement in sorted(seen):
-        if cpu_count is None or placement.count("cpu") == cpu_count:
-            yield placement
+    yield from sorted(seen)
+
+
+def _closest_share(subgroups: Sequence[Subgroup], candidates: Iterable[tuple[str, ...]],
+                   fraction: float) -> list[tuple[str, ...]]:
+    """The candidates whose share of parameters on the CPU is closest to ``fraction``."""
+    total = sum(s.numel for s in subgroups) or 1
+    distance = {c: abs(sum(s.numel for s, w in zip(subgroups, c) if w == "cpu") / total
+                       - fraction) for c in candidates}
+    closest = min(distance.values())
+    return [c for c, d in distance.items() if d <= closest + 1e-12]
 
 
 def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
@@ -253,8 +259,8 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
     """Choose a placement per subgroup.
 
     Among the placements whose resident GPU state fits ``gpu_state_budget_bytes`` (None: no
-    limit), and with ``round(cpu_fraction * len(subgroups))`` CPU subgroups when
-    ``cpu_fraction`` is given, the one with the least predicted time; ties go to less GPU
+    limit), and, when ``cpu_fraction`` is given, whose share of parameters on the CPU is
+    the closest possible to it, the one with the least predicted time; ties go to less GPU
     state, then to the placement that comes first with "cpu" < "gpu" in subgroup order
     (the earliest-ready subgroups offloaded first). Raises ``ValueError`` on bad arguments
     and when no placement fits (possible only with a forced ``cpu_fraction``).
@@ -275,14 +281,16 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
     if not isinstance(contention, (int, float)) or contention < 1.0:
         raise ValueError(f"fxopt.optim: contention must be a number >= 1, got {contention!r}")
     n = len(subgroups)
-    cpu_count = None if cpu_fraction is None else round(cpu_fraction * n)
+    candidates: Iterable[tuple[str, ...]] = _candidates(n)
+    if cpu_fraction is not None:
+        candidates = _closest_share(subgroups, candidates, cpu_fraction)
 
     def predict(placement: Sequence[str]) -> Prediction:
         return simulate(subgroups, placement, hardware, states_per_param=states_per_param,
                         contention=contention)
 
     best: tuple[tuple[float, int, tuple[str, ...]], Prediction] | None = None
-    for placement in _candidates(n, cpu_count):
+    for placement in candidates:
         prediction = predict(placement)
         if (gpu_state_budget_bytes is not None
                 and prediction.gpu_state_bytes > gpu_state_budget_bytes):
@@ -293,8 +301,8 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
             best = (rank, prediction)
     if best is None:
         raise ValueError(
-            f"fxopt.optim: no placement with {cpu_count} of {n} subgroups on the CPU "
-            f"(cpu_fraction={cpu_fraction}) keeps the GPU optimizer state within "
+            f"fxopt.optim: no placement with the CPU share closest to "
+            f"cpu_fraction={cpu_fraction} keeps the GPU optimizer state within "
             f"gpu_state_budget_bytes={gpu_state_budget_bytes}; raise the budget or the "
             "CPU fraction")
     (_, _, placement), prediction = best

@@ -81,11 +81,11 @@ def _check_optimizer(optimizer: Any) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"fxopt.optim.offload: expected a torch.optim optimizer, got "
                         f"{type(optimizer).__name__}")
+    if isinstance(optimizer, OffloadedOptimizer):
+        raise TypeError("fxopt.optim.offload: this optimizer is already offloaded")
     if type(optimizer) not in SUPPORTED:
         raise TypeError(f"fxopt.optim.offload: {type(optimizer).__name__} is not supported; "
                         f"supported: {', '.join(c.__name__ for c in SUPPORTED)}")
-    if isinstance(optimizer, OffloadedOptimizer):
-        raise TypeError("fxopt.optim.offload: this optimizer is already offloaded")
     for group in optimizer.param_groups:
         if group.get("differentiable"):
             raise ValueError("fxopt.optim.offload: differentiable=True is not supported")
@@ -120,9 +120,12 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self.plan = plan
         self._cls = type(optimizer)
         self._flat = flat
-        self._cuda = any(p.is_cuda for _, p in flat)
+        cuda = [p.device for _, p in flat if p.is_cuda]
+        self._cuda = bool(cuda)
         self._pin = self._cuda and torch.cuda.is_available()
-        self._streams = (torch.cuda.Stream(), torch.cuda.Stream()) if self._cuda else None
+        # (gradients to the host, parameters back) on the parameters' device
+        self._streams = ((torch.cuda.Stream(cuda[0]), torch.cuda.Stream(cuda[0]))
+                         if self._cuda else None)
         self._worker = (concurrent.futures.ThreadPoolExecutor(1, "fxopt-offload")
                         if self._cuda else None)
         self._subgroups = [self._build(s.placement, list(s.params)) for s in plan.subgroups]
@@ -225,7 +228,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             for internal, g in zip(sg.optimizer.param_groups, sg.user_groups):
                 internal.update(self._hyperparameters(g, sg.placement))
 
-    def _update_on_host(self, sg: _Subgroup) -> None:
+    def _update_on_host(self, sg: _Subgroup, backward_done: Any = None) -> None:
+        """``backward_done``: a CUDA event after everything queued before ``step()`` (the
+        backward still reads the parameters the copies back overwrite)."""
         if sg.copied is not None:
             sg.copied.synchronize()  # last step's copies back have left the staging buffers
         self._host_grads_ready(sg)
@@ -238,6 +243,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                     hp.param.copy_(hp.staging)
                 return
             h2d = self._streams[1]
+            h2d.wait_event(backward_done)
             with torch.cuda.stream(h2d):
                 for hp in sg.host:
                     hp.param.copy_(hp.staging, non_blocking=True)
@@ -257,16 +263,21 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             self._refresh_grads(sg)
         if self._worker is None:
             for sg in self._subgroups:
-                self._update_on_host(sg) if sg.placement == "cpu" else sg.optimizer.step()
+                if sg.placement == "cpu":
+                    self._update_on_host(sg)
+                else:
+                    sg.optimizer.step()
             return loss
         # CUDA: the host updates in a worker thread (torch releases the GIL in its kernels)
         # while this thread queues the device updates.
-        futures = [self._worker.submit(self._update_on_host, sg) for sg in host]
+        backward_done = torch.cuda.current_stream(self._streams[1].device).record_event()
+        futures = [self._worker.submit(self._update_on_host, sg, backward_done)
+                   for sg in host]
         for sg in device:
             sg.optimizer.step()
         for future in futures:
             future.result()
-        torch.cuda.current_stream().wait_stream(self._streams[1])
+        torch.cuda.current_stream(self._streams[1].device).wait_stream(self._streams[1])
         return loss
 
     # ---------------------------------------------------------------- checkpoints
