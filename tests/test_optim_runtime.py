@@ -210,6 +210,12 @@ def test_plan_and_planning_options_together_raise():
         offload(torch.optim.Adam(model.parameters()), plan, cpu_fraction=0.5)
 
 
+def test_adding_a_param_group_later_raises():
+    wrapped = offload(torch.optim.Adam(MLP().parameters()), cpu_fraction=1.0)
+    with pytest.raises(NotImplementedError, match="fixed by its plan"):
+        wrapped.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+
+
 def test_loading_a_state_dict_of_another_model_raises():
     wrapped = offload(torch.optim.Adam(MLP().parameters()), cpu_fraction=1.0)
     other = torch.optim.Adam(nn.Linear(2, 2).parameters()).state_dict()
@@ -223,8 +229,10 @@ def test_cuda_split_matches_the_plain_optimizer(dtype):
     torch.manual_seed(0)
     model = MLP().cuda().to(dtype)
     plain_model = copy.deepcopy(model)
-    wrapped = offload(torch.optim.AdamW(model.parameters(), lr=1e-3), model, cpu_fraction=0.5)
-    plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-3)
+    initial = [p.detach().clone() for p in model.parameters()]
+    # lr 1e-2: four steps move parameters by ~4e-2, far beyond the bf16 tolerance below
+    wrapped = offload(torch.optim.AdamW(model.parameters(), lr=1e-2), model, cpu_fraction=0.5)
+    plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-2)
     for _ in range(4):
         x = torch.randn(5, 13, device="cuda", dtype=dtype)
         for m, opt in ((model, wrapped), (plain_model, plain)):
@@ -233,5 +241,6 @@ def test_cuda_split_matches_the_plain_optimizer(dtype):
             opt.step()
     # bf16: the offloaded half keeps fp32 masters, the plain optimizer rounds every step
     rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (2e-2, 2e-3)
-    for a, b in zip(model.parameters(), plain_model.parameters()):
+    for a, b, before in zip(model.parameters(), plain_model.parameters(), initial):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+        assert (a.float() - before.float()).abs().max() > 1e-2

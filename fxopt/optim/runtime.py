@@ -144,7 +144,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         for i in indices:
             by_group.setdefault(self._flat[i][0], []).append(i)
         host: list[_HostParam] = []
-        tensors: list[torch.Tensor] = [torch.empty(0)] * len(self._flat)
+        tensors: dict[int, torch.Tensor] = {}  # what the internal optimizer updates
         groups = []
         for g, members in by_group.items():
             params = []
@@ -176,6 +176,13 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             settings = {k: v.to("cpu") if isinstance(v, torch.Tensor) else v
                         for k, v in settings.items()}
         return settings
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_subgroups", None) is not None:  # not while __init__ builds
+            raise NotImplementedError(
+                "fxopt.optim: an offloaded optimizer's parameters are fixed by its plan; add "
+                "the group to the plain optimizer and call fxopt.optim.offload again")
+        super().add_param_group(param_group)
 
     # ---------------------------------------------------------------- gradients
 
