@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from fxopt.optim.model import OffloadPlan, ParamInfo, plan_offload, split_subgroups
-from fxopt.optim.runtime import OffloadedOptimizer, _check_optimizer, states_per_param
+from fxopt.optim.runtime import OffloadedOptimizer, check_optimizer, states_per_param
 from fxopt.planner.hardware import HardwareProfile, profile_for
 
 __all__ = ["offload", "gradient_order", "match_graph_inputs"]
@@ -106,7 +106,7 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     ``gpu_state_budget_bytes`` is chosen (None: no limit, which keeps everything on the
     device since that is fastest). ``subgroups``: how many size-balanced subgroups.
     """
-    _check_optimizer(optimizer)
+    check_optimizer(optimizer)
     planning = {"cpu_fraction": cpu_fraction, "gpu_state_budget_bytes": gpu_state_budget_bytes}
     if isinstance(source, Mapping):
         source = OffloadPlan.from_dict(dict(source))

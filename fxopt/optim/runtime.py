@@ -37,7 +37,7 @@ import torch
 
 from fxopt.optim.model import OffloadPlan
 
-__all__ = ["OffloadedOptimizer", "SUPPORTED", "states_per_param"]
+__all__ = ["OffloadedOptimizer", "SUPPORTED", "check_optimizer", "states_per_param"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ class _Subgroup:
     copied: Any = None                       # CUDA event: the copies back have been queued
 
 
-def _check_optimizer(optimizer: Any) -> None:
+def check_optimizer(optimizer: Any) -> None:
+    """Raise a clear error for an optimizer the runtime cannot wrap."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"fxopt.optim.offload: expected a torch.optim optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -107,7 +108,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, plan: OffloadPlan) -> None:
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         flat = _flat_params(optimizer)
         keys = [k for s in plan.subgroups for k in s.params]
         if sorted(keys) != list(range(len(flat))):
