@@ -82,6 +82,18 @@ def test_gradients_are_copied_while_the_backward_runs():
         torch.testing.assert_close(hp.staging, hp.param.grad, rtol=0, atol=0)
 
 
+def test_removed_hooks_copy_nothing_and_step_still_copies_the_gradients():
+    model, wrapped, plain_model, plain = _pair("adam", 1.0)
+    wrapped.remove_hooks()
+    x = torch.randn(3, 13)
+    model(x).sum().backward()
+    assert all(hp.fresh_grad is None for sg in wrapped._subgroups for hp in sg.host)
+    wrapped.step()  # copies each gradient itself
+    plain_model(x).sum().backward()
+    plain.step()
+    _assert_same_params(model, plain_model)
+
+
 def test_param_groups_unused_parameters_and_group_settings():
     torch.manual_seed(0)
     model = nn.ModuleDict({"a": nn.Linear(7, 7), "b": nn.Linear(7, 3), "unused": nn.Linear(2, 2)})

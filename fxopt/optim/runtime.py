@@ -331,12 +331,11 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             sg.optimizer.load_state_dict({"state": local, "param_groups": groups})
 
     def remove_hooks(self) -> None:
-        """Detach the gradient hooks (the wrapper is not usable afterwards)."""
+        """Detach the gradient hooks from the parameters; ``step()`` then copies each host
+        subgroup's gradients itself, without overlapping them with the backward."""
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        if self._worker is not None:
-            self._worker.shutdown()
 
     def placements(self) -> list[str]:
         """Where each parameter updates ("cpu" or "gpu"), in ``state_dict`` order."""
