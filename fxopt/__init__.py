@@ -8,7 +8,7 @@ is only needed for its API: :func:`backend` (a backend object with fixed options
 patches) and :mod:`fxopt.testing` (compiled-vs-eager checks for pass authors).
 """
 
-from fxopt import config
+from fxopt import config, optim
 from fxopt.compiler import Backend, GraphRecord, backend
 from fxopt.explain import ExplainReport, explain
 from fxopt.passes import PassContext, PassResult, PassSpec, Stage
@@ -17,5 +17,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "ExplainReport", "GraphRecord", "PassContext", "PassResult", "PassSpec",
-    "Stage", "backend", "config", "explain", "__version__",
+    "Stage", "backend", "config", "explain", "optim", "__version__",
 ]

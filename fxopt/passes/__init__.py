@@ -18,6 +18,7 @@ from fxopt.passes.base import (
 )
 from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_rnn import fuse_rnn
+from fxopt.passes.offload_optimizer import offload_optimizer
 from fxopt.passes.tempo import tempo
 
 __all__ = [
@@ -43,7 +44,8 @@ PIPELINE: list[PassSpec] = [
         description="pointwise op chains become generated Triton kernels"),
     PassSpec(
         name="offload_optimizer", flag="offload_optimizer", stages=(Stage.BACKWARD,),
-        run=None, issue="#9",
+        run=offload_optimizer, issue="#9",
+        default_text="off (records the plan fxopt.optim.offload uses; never edits the graph)",
         description="optimizer state of some parameter groups on the CPU (Deep Optimizer States)"),
 ]
 

@@ -1,0 +1,343 @@
+"""The offload runtime: a standard optimizer whose subgroups update where a plan says.
+
+:class:`OffloadedOptimizer` wraps a ``torch.optim.Adam``, ``AdamW`` or ``SGD`` and executes
+an :class:`~fxopt.optim.model.OffloadPlan`:
+
+- a "gpu" subgroup is updated on the parameters' device by an optimizer of the user's class
+  and settings, its state resident there;
+- a "cpu" subgroup keeps fp32 master weights and the optimizer state in (pinned) host
+  memory. Each gradient is copied to the host as soon as autograd has accumulated it
+  (``register_post_accumulate_grad_hook``, on a side stream on CUDA), so the copies overlap
+  the rest of the backward; ``step()`` re-copies a gradient changed since (gradient
+  clipping scales gradients in place, which the version counter shows). The update is one
+  vectorised call per subgroup (the optimizer's own ``fused=True`` CPU kernel, all threads),
+  then the parameters are downcast on the host (bf16/fp16 models) and copied back.
+
+On CUDA the CPU subgroups update in a worker thread, in plan order, while the main thread
+launches the device subgroups' updates; the next forward waits for the copies back on the
+device, never on the host. On a CPU device the same path runs one step after another, which
+is what makes it testable here.
+
+It is a ``torch.optim.Optimizer``: the wrapped optimizer's ``param_groups`` (the same dicts)
+are its own, so LR schedulers and ``zero_grad`` work on it, and ``state_dict()`` has the
+plain optimizer's format (parameter indices, state per index): a checkpoint of one loads
+into the other. The wrapped optimizer's state is moved in at wrapping and freed there; step
+the wrapper, not the wrapped optimizer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fxopt.optim.model import OffloadPlan
+
+__all__ = ["OffloadedOptimizer", "SUPPORTED", "check_optimizer", "states_per_param"]
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+# Settings the runtime owns on the host side: the fused CPU kernel is the vectorised update.
+_HOST_OVERRIDES = {"fused": True, "foreach": False}
+
+
+def states_per_param(optimizer: torch.optim.Optimizer) -> int:
+    """Optimizer state tensors per parameter (the model's ``states_per_param``)."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if isinstance(optimizer, torch.optim.SGD):
+        return 1 if any(g.get("momentum", 0) for g in optimizer.param_groups) else 0
+    return 3 if group.get("amsgrad") else 2
+
+
+@dataclass
+class _HostParam:
+    """A "cpu" parameter's host side: fp32 master (``.grad`` is the fp32 gradient) and a
+    pinned buffer in the parameter's dtype (gradient in, downcast parameter out)."""
+
+    param: torch.Tensor
+    master: torch.Tensor
+    staging: torch.Tensor
+    fresh_grad: Any = None        # the device gradient the staging buffer holds a copy of
+    fresh_version: int = -1
+
+
+@dataclass
+class _Subgroup:
+    placement: str
+    indices: list[int]                       # flat parameter indices (state_dict order)
+    user_groups: list[int]                   # the user group of each internal group
+    optimizer: torch.optim.Optimizer
+    tensors: list[torch.Tensor]              # what the internal optimizer updates, per index
+    host: list[_HostParam] = field(default_factory=list)
+    copied: Any = None                       # CUDA event: the copies back have been queued
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """Raise a clear error for an optimizer the runtime cannot wrap."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"fxopt.optim.offload: expected a torch.optim optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, OffloadedOptimizer):
+        raise TypeError("fxopt.optim.offload: this optimizer is already offloaded")
+    if type(optimizer) not in SUPPORTED:
+        raise TypeError(f"fxopt.optim.offload: {type(optimizer).__name__} is not supported; "
+                        f"supported: {', '.join(c.__name__ for c in SUPPORTED)}")
+    for group in optimizer.param_groups:
+        if group.get("differentiable"):
+            raise ValueError("fxopt.optim.offload: differentiable=True is not supported")
+        for p in group["params"]:
+            if not p.is_floating_point() or p.is_sparse:
+                raise ValueError(f"fxopt.optim.offload: parameters must be dense floating "
+                                 f"tensors, got {p.dtype} {p.layout}")
+
+
+def _flat_params(optimizer: torch.optim.Optimizer) -> list[tuple[int, torch.Tensor]]:
+    return [(g, p) for g, group in enumerate(optimizer.param_groups) for p in group["params"]]
+
+
+class OffloadedOptimizer(torch.optim.Optimizer):
+    """``optimizer`` with the subgroups of ``plan`` updated on the host or on the device.
+
+    Build it with :func:`fxopt.optim.offload`. ``plan`` keys are indices into the
+    optimizer's parameters in ``state_dict`` order; every parameter is in one subgroup.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, plan: OffloadPlan) -> None:
+        check_optimizer(optimizer)
+        flat = _flat_params(optimizer)
+        keys = [k for s in plan.subgroups for k in s.params]
+        if sorted(keys) != list(range(len(flat))):
+            raise ValueError(
+                f"fxopt.optim.offload: the plan covers parameters {sorted(keys)} but the "
+                f"optimizer has {len(flat)} (indices 0..{len(flat) - 1}, each once)")
+        saved = optimizer.state_dict()
+        # The same group dicts: schedulers and users changing lr see one set of groups.
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self.plan = plan
+        self._cls = type(optimizer)
+        self._flat = flat
+        cuda = [p.device for _, p in flat if p.is_cuda]
+        self._cuda = bool(cuda)
+        self._pin = self._cuda and torch.cuda.is_available()
+        # (gradients to the host, parameters back) on the parameters' device
+        self._streams = ((torch.cuda.Stream(cuda[0]), torch.cuda.Stream(cuda[0]))
+                         if self._cuda else None)
+        self._worker = (concurrent.futures.ThreadPoolExecutor(1, "fxopt-offload")
+                        if self._cuda else None)
+        self._subgroups = [self._build(s.placement, list(s.params)) for s in plan.subgroups]
+        self._hooks = [hp.param.register_post_accumulate_grad_hook(self._make_hook(hp))
+                       for sg in self._subgroups for hp in sg.host]
+        optimizer.state.clear()  # its state now lives in the subgroups
+        self.load_state_dict(saved)
+        log.info("fxopt.optim: %d subgroups, %d on the CPU (%.0f%% of parameters)",
+                 len(plan.subgroups), sum(s.placement == "cpu" for s in plan.subgroups),
+                 100 * plan.cpu_share)
+
+    # ---------------------------------------------------------------- building
+
+    def _build(self, placement: str, indices: list[int]) -> _Subgroup:
+        by_group: dict[int, list[int]] = {}
+        for i in indices:
+            by_group.setdefault(self._flat[i][0], []).append(i)
+        host: list[_HostParam] = []
+        tensors: dict[int, torch.Tensor] = {}  # what the internal optimizer updates
+        groups = []
+        for g, members in by_group.items():
+            params = []
+            for i in members:
+                p = self._flat[i][1]
+                if placement == "cpu":
+                    hp = self._host_param(p)
+                    host.append(hp)
+                    tensors[i] = hp.master
+                else:
+                    tensors[i] = p
+                params.append(tensors[i])
+            groups.append({**self._hyperparameters(g, placement), "params": params})
+        # The internal optimizer's parameter order: group by group.
+        ordered = [i for members in by_group.values() for i in members]
+        return _Subgroup(placement, ordered, list(by_group), self._cls(groups),
+                         [tensors[i] for i in ordered], host)
+
+    def _host_param(self, p: torch.Tensor) -> _HostParam:
+        master = torch.empty(p.shape, dtype=torch.float32, pin_memory=self._pin)
+        master.copy_(p.detach())
+        staging = torch.empty(p.shape, dtype=p.dtype, pin_memory=self._pin)
+        return _HostParam(param=p, master=master, staging=staging)
+
+    def _hyperparameters(self, g: int, placement: str) -> dict[str, Any]:
+        settings = {k: v for k, v in self.param_groups[g].items() if k != "params"}
+        if placement == "cpu":
+            settings.update(_HOST_OVERRIDES)
+            settings = {k: v.to("cpu") if isinstance(v, torch.Tensor) else v
+                        for k, v in settings.items()}
+        return settings
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_subgroups", None) is not None:  # not while __init__ builds
+            raise NotImplementedError(
+                "fxopt.optim: an offloaded optimizer's parameters are fixed by its plan; add "
+                "the group to the plain optimizer and call fxopt.optim.offload again")
+        super().add_param_group(param_group)
+
+    # ---------------------------------------------------------------- gradients
+
+    def _make_hook(self, hp: _HostParam) -> Callable[[torch.Tensor], None]:
+        def grad_ready(param: torch.Tensor) -> None:
+            self._copy_grad_to_host(hp)
+        return grad_ready
+
+    def _copy_grad_to_host(self, hp: _HostParam) -> None:
+        grad = hp.param.grad
+        if grad is None:
+            return
+        if self._streams is not None:
+            d2h = self._streams[0]
+            d2h.wait_stream(torch.cuda.current_stream(grad.device))
+            with torch.cuda.stream(d2h):
+                hp.staging.copy_(grad.detach(), non_blocking=True)
+            grad.record_stream(d2h)
+        else:
+            hp.staging.copy_(grad.detach())
+        hp.fresh_grad, hp.fresh_version = grad, grad._version
+
+    def _refresh_grads(self, sg: _Subgroup) -> None:
+        """Copy again a gradient that changed since its hook copied it (e.g. clipped in
+        place), or that no hook copied; on the calling thread's stream."""
+        for hp in sg.host:
+            grad = hp.param.grad
+            if grad is not None and (hp.fresh_grad is not grad
+                                     or hp.fresh_version != grad._version):
+                self._copy_grad_to_host(hp)
+
+    def _host_grads_ready(self, sg: _Subgroup) -> None:
+        """Make each master's ``.grad`` the device gradient (None where that is None)."""
+        if self._streams is not None:
+            self._streams[0].synchronize()
+        for hp in sg.host:
+            if hp.param.grad is None:
+                hp.master.grad = None
+            else:
+                if hp.master.grad is None:
+                    hp.master.grad = torch.empty_like(hp.master)
+                hp.master.grad.copy_(hp.staging)
+            hp.fresh_grad = None  # the staging buffer is reused for the parameter below
+
+    # ---------------------------------------------------------------- step
+
+    def _sync_hyperparameters(self) -> None:
+        """Carry the user's groups' settings (lr from a scheduler, ...) to the subgroups."""
+        for sg in self._subgroups:
+            for internal, g in zip(sg.optimizer.param_groups, sg.user_groups):
+                internal.update(self._hyperparameters(g, sg.placement))
+
+    def _update_on_host(self, sg: _Subgroup, backward_done: Any = None) -> None:
+        """``backward_done``: a CUDA event after everything queued before ``step()`` (the
+        backward still reads the parameters the copies back overwrite)."""
+        if sg.copied is not None:
+            sg.copied.synchronize()  # last step's copies back have left the staging buffers
+        self._host_grads_ready(sg)
+        sg.optimizer.step()
+        with torch.no_grad():
+            for hp in sg.host:
+                hp.staging.copy_(hp.master)  # downcast on the host
+            if self._streams is None:
+                for hp in sg.host:
+                    hp.param.copy_(hp.staging)
+                return
+            h2d = self._streams[1]
+            h2d.wait_event(backward_done)
+            with torch.cuda.stream(h2d):
+                for hp in sg.host:
+                    hp.param.copy_(hp.staging, non_blocking=True)
+                sg.copied = torch.cuda.Event()
+                sg.copied.record(h2d)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_hyperparameters()
+        host = [sg for sg in self._subgroups if sg.placement == "cpu"]
+        device = [sg for sg in self._subgroups if sg.placement == "gpu"]
+        for sg in host:
+            self._refresh_grads(sg)
+        if self._worker is None:
+            for sg in self._subgroups:
+                if sg.placement == "cpu":
+                    self._update_on_host(sg)
+                else:
+                    sg.optimizer.step()
+            return loss
+        # CUDA: the host updates in a worker thread (torch releases the GIL in its kernels)
+        # while this thread queues the device updates.
+        backward_done = torch.cuda.current_stream(self._streams[1].device).record_event()
+        futures = [self._worker.submit(self._update_on_host, sg, backward_done)
+                   for sg in host]
+        for sg in device:
+            sg.optimizer.step()
+        for future in futures:
+            future.result()
+        torch.cuda.current_stream(self._streams[1].device).wait_stream(self._streams[1])
+        return loss
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The plain optimizer's format: state per parameter index, groups with indices."""
+        state: dict[int, dict[str, Any]] = {}
+        for sg in self._subgroups:
+            for i, tensor in zip(sg.indices, sg.tensors):
+                if sg.optimizer.state.get(tensor):
+                    state[i] = dict(sg.optimizer.state[tensor])
+        state = dict(sorted(state.items()))
+        groups, start = [], 0
+        for group in self.param_groups:
+            count = len(group["params"])
+            groups.append({**{k: v for k, v in group.items() if k != "params"},
+                           "params": list(range(start, start + count))})
+            start += count
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_groups = state_dict["param_groups"]
+        sizes = [len(g["params"]) for g in self.param_groups]
+        if [len(g["params"]) for g in saved_groups] != sizes:
+            raise ValueError(f"fxopt.optim: the state_dict's parameter groups have sizes "
+                             f"{[len(g['params']) for g in saved_groups]}, the optimizer's "
+                             f"{sizes}")
+        saved_ids = [i for g in saved_groups for i in g["params"]]
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        state = state_dict["state"]
+        for sg in self._subgroups:
+            local = {}
+            for position, i in enumerate(sg.indices):
+                if saved_ids[i] in state:
+                    local[position] = state[saved_ids[i]]
+            groups, position = [], 0
+            for internal, g in zip(sg.optimizer.param_groups, sg.user_groups):
+                count = len(internal["params"])
+                groups.append({**self._hyperparameters(g, sg.placement),
+                               "params": list(range(position, position + count))})
+                position += count
+            sg.optimizer.load_state_dict({"state": local, "param_groups": groups})
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks from the parameters; ``step()`` then copies each host
+        subgroup's gradients itself, without overlapping them with the backward."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def placements(self) -> list[str]:
+        """Where each parameter updates ("cpu" or "gpu"), in ``state_dict`` order."""
+        where = self.plan.placement_of()
+        return [where[i] for i in range(len(self._flat))]

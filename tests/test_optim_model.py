@@ -1,0 +1,169 @@
+"""fxopt.optim.model: the offload performance model and plan, table-driven on plain data,
+with the choice checked against brute force on tiny cases."""
+
+import dataclasses
+import itertools
+import json
+import random
+
+import pytest
+
+from fxopt.optim import OffloadPlan, ParamInfo, plan_offload, simulate, split_subgroups
+from fxopt.optim.model import EXHAUSTIVE_LIMIT
+from fxopt.planner.hardware import CPU_DEFAULT, KNOWN_GPUS
+
+H100 = KNOWN_GPUS["H100"]
+MB = 10**6
+
+
+def _groups(*numels, itemsize=2, ready=0.0):
+    infos = [ParamInfo(key=i, numel=n, itemsize=itemsize, ready_seconds=ready)
+             for i, n in enumerate(numels)]
+    return split_subgroups(infos, max(1, len(infos)))
+
+
+# (case, subgroup numels, options, expected placements)
+CASES = [
+    ("empty", (), {}, ()),
+    ("all fits: no budget", (MB, MB, MB), {}, ("gpu", "gpu", "gpu")),
+    ("all fits: budget of exactly all state", (MB, MB), {"gpu_state_budget_bytes": 8 * MB},
+     ("gpu", "gpu")),
+    ("nothing fits", (MB, MB, MB), {"gpu_state_budget_bytes": 0}, ("cpu", "cpu", "cpu")),
+    ("one fits: the largest, it saves the most CPU time", (MB, 3 * MB, MB),
+     {"gpu_state_budget_bytes": 12 * MB}, ("cpu", "gpu", "cpu")),
+    ("forced cpu_fraction 0", (MB, MB), {"cpu_fraction": 0.0}, ("gpu", "gpu")),
+    ("forced cpu_fraction 1", (MB, MB), {"cpu_fraction": 1.0}, ("cpu", "cpu")),
+    ("forced cpu_fraction is a share of parameters", (MB, MB, 2 * MB), {"cpu_fraction": 0.5},
+     ("cpu", "cpu", "gpu")),
+    ("forced cpu_fraction 1 under a zero budget", (MB,),
+     {"cpu_fraction": 1, "gpu_state_budget_bytes": 0}, ("cpu",)),
+]
+
+
+@pytest.mark.parametrize("case, numels, options, expected", CASES, ids=[c[0] for c in CASES])
+def test_plan_table(case, numels, options, expected):
+    plan = plan_offload(_groups(*numels), H100, **options)
+    assert tuple(s.placement for s in plan.subgroups) == expected
+    budget = options.get("gpu_state_budget_bytes")
+    assert budget is None or plan.gpu_state_bytes <= budget
+    assert plan.predicted_seconds >= 0 and (numels or plan.predicted_seconds == 0)
+    assert plan.all_gpu_seconds <= plan.predicted_seconds <= plan.all_cpu_seconds + 1e-12
+
+
+def test_ties_offload_the_earliest_ready_subgroups_first():
+    # On a CPU device both kinds share the cores: every placement with two CPU subgroups
+    # of four equal ones takes the same time; the earliest-ready two go to the CPU.
+    plan = plan_offload(_groups(1000, 1000, 1000, 1000), CPU_DEFAULT, cpu_fraction=0.5)
+    assert [s.placement for s in plan.subgroups] == ["cpu", "cpu", "gpu", "gpu"]
+    assert plan.cpu_share == 0.5
+
+
+def test_interleaving_hides_host_updates_behind_device_updates():
+    # A slow device update (low memory bandwidth) against a fast host: splitting beats both
+    # all-device and all-host, which is Deep Optimizer States' point.
+    hardware = dataclasses.replace(H100, memory_bandwidth=20e9, cpu_update_params_per_second=4e9,
+                                   host_device_bandwidth=200e9)
+    plan = plan_offload(_groups(*[MB] * 6), hardware)
+    assert {"cpu", "gpu"} == {s.placement for s in plan.subgroups}
+    assert plan.predicted_seconds < min(plan.all_gpu_seconds, plan.all_cpu_seconds)
+
+
+def test_gradient_copies_overlap_the_backward():
+    early, late = _groups(MB, ready=1.0), _groups(MB, ready=0.0)
+    t_early = simulate(early, ["cpu"], H100, contention=1.0).seconds
+    t_late = simulate(late, ["cpu"], H100, contention=1.0).seconds
+    copy = MB * 2 / H100.host_device_bandwidth
+    assert t_late == pytest.approx(t_early + copy)
+
+
+def _brute_force(subgroups, hardware, budget, fraction):
+    placements = list(itertools.product(("gpu", "cpu"), repeat=len(subgroups)))
+    if fraction is not None:  # only the shares of parameters on the CPU closest to it
+        total = sum(s.numel for s in subgroups)
+
+        def distance(placement):
+            cpu = sum(s.numel for s, w in zip(subgroups, placement) if w == "cpu")
+            return abs(cpu / total - fraction)
+
+        closest = min(map(distance, placements))
+        placements = [p for p in placements if distance(p) <= closest + 1e-12]
+    best = None
+    for placement in placements:
+        prediction = simulate(subgroups, placement, hardware)
+        if budget is not None and prediction.gpu_state_bytes > budget:
+            continue
+        if best is None or prediction.seconds < best:
+            best = prediction.seconds
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_choice_is_the_brute_force_optimum(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 6)
+    infos = [ParamInfo(key=i, numel=rng.randint(1, 50) * 10**5, itemsize=rng.choice((2, 4)),
+                       ready_seconds=rng.random() * 1e-3) for i in range(n)]
+    subgroups = split_subgroups(infos, n)
+    hardware = dataclasses.replace(H100, memory_bandwidth=rng.choice((20e9, 2e12)))
+    total = simulate(subgroups, ["gpu"] * len(subgroups), hardware).gpu_state_bytes
+    budget = rng.choice((None, 0, total // 3, total))
+    fraction = rng.choice((None, None, 0.3, 0.5))
+    expected = _brute_force(subgroups, hardware, budget, fraction)
+    if expected is None:  # the forced share does not fit the budget
+        with pytest.raises(ValueError, match="raise the budget"):
+            plan_offload(subgroups, hardware, gpu_state_budget_bytes=budget,
+                         cpu_fraction=fraction)
+        return
+    plan = plan_offload(subgroups, hardware, gpu_state_budget_bytes=budget,
+                        cpu_fraction=fraction)
+    assert plan.predicted_seconds == pytest.approx(expected, rel=1e-9)
+
+
+def test_many_subgroups_use_interleavings_and_respect_the_budget():
+    n = EXHAUSTIVE_LIMIT + 4
+    subgroups = _groups(*[MB] * n)
+    all_state = simulate(subgroups, ["gpu"] * n, H100).gpu_state_bytes
+    plan = plan_offload(subgroups, H100, gpu_state_budget_bytes=all_state // 2)
+    assert len(plan.subgroups) == n and plan.gpu_state_bytes <= all_state // 2
+    every_other = simulate(subgroups, ["gpu", "cpu"] * (n // 2), H100)
+    assert plan.predicted_seconds <= every_other.seconds + 1e-12
+
+
+def test_split_is_contiguous_and_size_balanced():
+    infos = [ParamInfo(key=i, numel=n) for i, n in enumerate([5, 5, 5, 5, 10, 10, 40])]
+    groups = split_subgroups(infos, 3)
+    assert [g.params for g in groups] == [(0, 1, 2, 3, 4), (5,), (6,)]
+    assert split_subgroups(infos, 100)[-1].params == (6,) and len(split_subgroups(infos, 100)) == 7
+    mixed = split_subgroups([ParamInfo(0, 10, 4), ParamInfo(1, 10, 2)], 1)
+    assert [g.itemsize for g in mixed] == [4, 2]  # a subgroup is copied and cast as one
+    assert split_subgroups([], 4) == []
+
+
+def test_plan_round_trips_through_json():
+    plan = plan_offload(_groups(MB, 2 * MB, MB), H100, gpu_state_budget_bytes=6 * MB)
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert OffloadPlan.from_dict(data) == plan
+    assert data["cpu_share"] == plan.cpu_share
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"gpu_state_budget_bytes": -1}, "gpu_state_budget_bytes"),
+    ({"gpu_state_budget_bytes": 1.5}, "gpu_state_budget_bytes"),
+    ({"cpu_fraction": 1.5}, "cpu_fraction"),
+    ({"cpu_fraction": True}, "cpu_fraction"),
+    ({"states_per_param": -2}, "states_per_param"),
+    ({"contention": 0.5}, "contention"),
+    ({"cpu_fraction": 0.0, "gpu_state_budget_bytes": 10}, "raise the budget"),
+])
+def test_bad_arguments_raise_clearly(options, message):
+    with pytest.raises(ValueError, match=message):
+        plan_offload(_groups(MB, MB), H100, **options)
+
+
+def test_bad_simulation_and_split_arguments():
+    with pytest.raises(ValueError, match="placements for"):
+        simulate(_groups(MB), ["cpu", "gpu"], H100)
+    with pytest.raises(ValueError, match="unknown placement 'disk'"):
+        simulate(_groups(MB), ["disk"], H100)
+    with pytest.raises(ValueError, match="subgroup count"):
+        split_subgroups([ParamInfo(0, 1)], 0)
