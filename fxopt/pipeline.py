@@ -56,8 +56,9 @@ class PassRecord:
 
     @property
     def fired(self) -> bool:
-        """True when the pass ran and changed the graph."""
-        return self.status == "changed"
+        """True when the pass ran and changed the graph, or ran and reported a plan (an
+        annotation pass such as offload_optimizer plans without changing a node)."""
+        return self.status == "changed" or (self.ran and self.stats.get("plan") is not None)
 
 
 class Instrument(Protocol):

@@ -8,8 +8,8 @@ after it (``ready_seconds``, on the device's :class:`~fxopt.planner.HardwareProf
 runs the Deep Optimizer States model (:func:`fxopt.optim.plan_offload`) on size-balanced
 subgroups and returns the plan as ``stats["plan"]`` (explain and the debug dump show it).
 
-It never changes the graph (``modified=False``; the runner then reports it "unchanged"); that
-it fired is visible in ``stats["fired"]`` and ``stats["gradients"]``. The runtime,
+It never changes the graph (``modified=False``; the runner reports it "unchanged" and counts
+it as fired because it returns a plan). The runtime,
 ``fxopt.optim.offload(optimizer, backend, model=model)``, reads these records to order the
 optimizer's parameters (keys here are graph input positions, not yet parameters: which
 inputs are parameters is known where the model is). Budget: on a device with a known
@@ -89,7 +89,7 @@ def offload_optimizer(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     hardware = profile_for(ctx.device)
     gradients = gradient_outputs(gm, hardware)
     if not gradients:
-        return PassResult(gm, False, {"fired": False, "reason": "no floating-point gradients"})
+        return PassResult(gm, False, {"reason": "no floating-point gradients"})
     infos = [ParamInfo(key=g["input"], numel=g["numel"], itemsize=g["itemsize"],
                        ready_seconds=g["ready_seconds"]) for g in gradients]
     plan = plan_offload(split_subgroups(infos, DEFAULT_SUBGROUPS), hardware,
@@ -99,6 +99,6 @@ def offload_optimizer(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
              "predicted optimizer step %.3g ms", ctx.graph_name, len(gradients),
              len(plan.subgroups), 100 * plan.cpu_share, plan.predicted_seconds * 1e3)
     return PassResult(gm, False, {
-        "fired": True, "gradients": gradients, "subgroups": len(plan.subgroups),
+        "gradients": gradients, "subgroups": len(plan.subgroups),
         "cpu_share": round(plan.cpu_share, 3),
         "predicted_ms": round(plan.predicted_seconds * 1e3, 4), "plan": plan.to_dict()})

@@ -28,7 +28,7 @@ def test_fires_without_changing_the_graph_and_records_every_gradient():
     model = ConvNet()
     comparison = assert_same_as_eager(model, (torch.randn(2, 3, 12, 12),), OFFLOAD)
     record = _record(comparison.graphs)
-    assert record.status == "unchanged" and record.stats["fired"] is True
+    assert record.status == "unchanged" and record.fired
     assert record.nodes_before == record.nodes_after
     gradients = record.stats["gradients"]
     assert sorted(g["numel"] for g in gradients) == sorted(p.numel() for p in model.parameters())
@@ -131,7 +131,7 @@ def test_graph_breaks_record_each_graph_and_order_last_graph_first():
     compiled(torch.randn(2, 11)).sum().backward()
     assert len(backend.graphs) == 2
     fired = [r for g in backend.graphs for r in g.pass_records("offload_optimizer")
-             if r.stats.get("fired")]
+             if r.fired]
     assert len(fired) == 2
     params = list(model.parameters())
     order = [i for i, _ in gradient_order(backend, compiled, params)]
