@@ -30,7 +30,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 import fxopt.runtime  # noqa: F401  (registers the fxopt::swap_* ops)
 from fxopt import _compat
 from fxopt.passes.base import PassContext
-from fxopt.passes.swap_recompute.problem import JointAnalysis, recompute_chain
+from fxopt.passes.swap_recompute.problem import JointAnalysis, group_chain
 from fxopt.planner import ActivationProblem, Decision
 
 __all__ = ["apply_decision", "place_prefetches", "SWAP_OPS"]
@@ -49,13 +49,12 @@ def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: Activat
     for name in decision.details.get("order", sorted(decision.actions)):
         if ctx.rewrites.allow():
             applied[name] = decision.actions[name]
-    stop = set(analysis.saved)
     by_step = {s: n for n, s in analysis.step_of.items()}
     choices = problem.by_name()
     for name, action in applied.items():
-        node = analysis.candidates[name]
+        node = analysis.candidates[name][0]
         if action == "recompute":
-            chain, _ = recompute_chain(node, stop)
+            chain, _ = group_chain(analysis, name)
             for n in chain:
                 n.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
                 n.meta["fxopt"] = {**n.meta.get("fxopt", {}), "swap_recompute": "recompute"}

@@ -5,11 +5,13 @@ The timeline and the live bytes with everything kept are the memory simulation's
 (:func:`fxopt.analysis.estimate_joint_memory`): forward nodes, then tangents and backward
 nodes. A *saved* tensor is a forward node that a backward node reads. Each saved tensor that
 owns its memory gets one :class:`~fxopt.planner.SavedActivation`; its bytes are those of the
-storage it lives in (a view's base). Saved tensors are left out (always kept) when freeing
-them could not free memory or could not be expressed exactly:
+storage it lives in (a view's base); saved tensors that share one storage (``tanh`` and
+the ``detach`` of it that ``tanh_backward`` reads) form one activation, named after the
+first, recomputed together and swapped only when it is a single tensor. Saved tensors are
+left out (always kept) when freeing them could not free memory:
 
 - they alias a placeholder (parameters, inputs: caller-owned);
-- another saved tensor shares their storage, or a forward output does (held to the end).
+- a forward output shares their storage (held by the caller to the end of the step).
 
 Choices, each with a window of timeline steps during which the bytes are not resident:
 
@@ -45,7 +47,8 @@ from fxopt.analysis.memory import MemoryEstimate, estimate_joint_memory
 from fxopt.analysis.shapes import nbytes, storage_nbytes
 from fxopt.planner import ActivationChoice, ActivationProblem, HardwareProfile, SavedActivation
 
-__all__ = ["JointAnalysis", "analyse_joint", "build_problem", "is_random", "recompute_chain"]
+__all__ = ["JointAnalysis", "analyse_joint", "build_problem", "group_chain", "is_random",
+           "recompute_chain"]
 
 
 @dataclass
@@ -56,7 +59,8 @@ class JointAnalysis:
     step_of: dict[fx.Node, int]        # executed node -> timeline step
     bw_start: int                      # first backward step
     saved: list[fx.Node]               # every saved forward node, graph order
-    candidates: dict[str, fx.Node]     # saved nodes that get a SavedActivation
+    candidates: dict[str, list[fx.Node]]  # name -> the saved nodes of one storage
+    group_of: dict[fx.Node, str]       # saved node -> its candidate's name
     base: dict[fx.Node, fx.Node]       # node -> the node owning its storage
     aliases: dict[fx.Node, list[fx.Node]]  # storage-owning node -> nodes viewing it
     step_seconds: list[float]
@@ -143,8 +147,9 @@ def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
     by_base: dict[fx.Node, list[fx.Node]] = {}
     for n in saved:
         by_base.setdefault(base[n], []).append(n)
-    candidates = {group[0].name: group[0] for b, group in by_base.items()
-                  if len(group) == 1 and b.op != "placeholder" and b not in held}
+    candidates = {group[0].name: group for b, group in by_base.items()
+                  if b.op != "placeholder" and b not in held}
+    group_of = {n: name for name, group in candidates.items() for n in group}
     step_seconds = [0.0] * len(estimate.timeline)
     for n, s in step_of.items():
         if n.op == "call_function":
@@ -153,8 +158,8 @@ def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
             dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
             step_seconds[s] = profile.compute_seconds(
                 cost.flops, cost.bytes_read + cost.bytes_written, dtype)
-    return JointAnalysis(estimate, step_of, bw_start, saved, candidates, base, aliases,
-                         step_seconds)
+    return JointAnalysis(estimate, step_of, bw_start, saved, candidates, group_of, base,
+                         aliases, step_seconds)
 
 
 def _last_forward_use(a: JointAnalysis, node: fx.Node) -> int:
@@ -165,19 +170,33 @@ def _last_forward_use(a: JointAnalysis, node: fx.Node) -> int:
     return max(steps)
 
 
-def _first_backward_use(a: JointAnalysis, node: fx.Node) -> int:
-    return min(a.step_of[u] for u in node.users
+def _first_backward_use(a: JointAnalysis, group: list[fx.Node]) -> int:
+    return min(a.step_of[u] for node in group for u in node.users
                if u in a.step_of and a.step_of[u] >= a.bw_start)
+
+
+def group_chain(a: JointAnalysis, name: str) -> tuple[list[fx.Node], set[fx.Node]]:
+    """The recompute chain of a candidate (all its saved nodes) and the other saved
+    nodes it reads; ValueError when it cannot be recomputed."""
+    group = a.candidates[name]
+    stop = set(a.saved) - set(group)
+    chain: dict[fx.Node, None] = {}
+    reads: set[fx.Node] = set()
+    for node in group:
+        nodes, read = recompute_chain(node, stop)
+        chain.update(dict.fromkeys(nodes))
+        reads |= read
+    order = {n: i for i, n in enumerate(group[0].graph.nodes)}
+    return sorted(chain, key=order.__getitem__), reads
 
 
 def _chains(a: JointAnalysis) -> dict[str, tuple[list[fx.Node], set[fx.Node]]]:
     """Each candidate's recompute chain and the saved values it reads (no entry: it cannot
     be recomputed)."""
-    stop = set(a.saved)
     chains = {}
-    for name, node in a.candidates.items():
+    for name in a.candidates:
         try:
-            chains[name] = recompute_chain(node, stop)
+            chains[name] = group_chain(a, name)
         except ValueError:
             continue
     return chains
@@ -188,7 +207,7 @@ def _recompute_choice(a: JointAnalysis, chain: list[fx.Node], reads: set[fx.Node
     if end <= last_fw + 1:
         return None
     seconds = sum(a.step_seconds[a.step_of[n]] for n in chain if n in a.step_of)
-    requires = tuple(sorted(n.name for n in reads if n.name in a.candidates))
+    requires = tuple(sorted({a.group_of[n] for n in reads if n in a.group_of}))
     return ActivationChoice("recompute", (last_fw + 1, end), seconds, requires)
 
 
@@ -222,13 +241,15 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
     """The decision problem: one SavedActivation per candidate, with the allowed choices."""
     chains = _chains(a) if recompute else {}
     activations = []
-    for name, node in a.candidates.items():
+    for name, group in a.candidates.items():
+        node = group[0]
         size = storage_nbytes(a.base[node].meta["val"])
-        last_fw, first_bw = _last_forward_use(a, node), _first_backward_use(a, node)
+        last_fw, first_bw = _last_forward_use(a, node), _first_backward_use(a, group)
         choices = []
         if name in chains and (c := _recompute_choice(a, *chains[name], last_fw, first_bw)):
             choices.append(c)
-        if swap and (c := _swap_choice(a, node, size, last_fw, first_bw, profile)):
+        if swap and len(group) == 1 and (
+                c := _swap_choice(a, node, size, last_fw, first_bw, profile)):
             choices.append(c)
         activations.append(SavedActivation(name, size, tuple(choices)))
     return ActivationProblem(
