@@ -92,7 +92,7 @@ def _gpt2(smoke: bool) -> tuple[nn.Module, dict, list[nn.Module]]:
     config = transformers.GPT2Config(vocab_size=1000 if smoke else 50257, n_positions=1024,
                                      attn_implementation="eager", use_cache=False, **size)
     model = transformers.GPT2LMHeadModel(config).train()
-    batch, seq = (2, 16) if smoke else (8, 512)
+    batch, seq = (8, 64) if smoke else (8, 512)
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     return model, {"input_ids": ids, "labels": ids}, list(model.transformer.h)
 

@@ -187,3 +187,21 @@ def test_explain_shows_each_saved_tensor_and_the_peak():
     text = str(report)
     assert "swap_recompute" in text and "predicted peak" in text
     assert "saved tensor" in text and "recompute" in text and "keep" in text
+
+
+@pytest.mark.filterwarnings("ignore:fxopt. swap_recompute cannot fit")
+@pytest.mark.parametrize("force_swap", [False, True], ids=["recompute", "swap"])
+def test_inductor_codegen_with_min_cut_partitioner(force_swap):
+    """Inductor's partitioner (min-cut) reads the same tags; swaps stay offload-in-forward,
+    prefetch-in-backward (without their tags min-cut would run the prefetch in the forward)."""
+    model = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(48, 48), nn.GELU())])
+    options = {"codegen": "inductor", "memory_budget": 0.8, "force_swap": force_swap}
+    with torch._inductor.config.patch(fallback_random=True):
+        comparison = assert_same_as_eager(model, (torch.randn(64, 48),), options)
+    assert comparison.fired("swap_recompute")
+    graph = comparison.graphs[0]
+    assert graph.fallback is None
+    if force_swap:
+        assert "fxopt.swap_offload.default" in _targets(graph.graphs["forward"])
+        assert "fxopt.swap_prefetch_wait.default" in _targets(graph.graphs["backward"])
+        assert "fxopt.swap_prefetch_wait.default" not in _targets(graph.graphs["forward"])

@@ -11,7 +11,9 @@
 - **swap**: ``h = fxopt::swap_offload(x)`` after the last forward use of ``x``'s storage;
   ``fxopt::swap_prefetch_start(h)`` and ``fxopt::swap_prefetch_wait`` before ``x``'s first
   backward use, which then reads the waited tensor. ``x`` has no backward user left, so the
-  partitioner saves the host copy ``h`` instead. The partitioner may reorder the backward;
+  partitioner saves the host copy ``h`` instead. Start and wait are tagged
+  ``MUST_RECOMPUTE``: they depend on no tangent, and Inductor's min-cut partitioner
+  otherwise runs them in the forward and saves the device copy (checked: no memory saved). The partitioner may reorder the backward;
   :func:`place_prefetches` then moves each start to where the plan issues it (its
   ``meta["fxopt"]["issue_before"]``), ahead of the wait by the prefetch distance.
 
@@ -91,6 +93,8 @@ def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, issue_befo
         new.meta["partitioner_tag"] = tag
         new.meta["fxopt"] = dict(meta)
     start.meta["fxopt"]["issue_before"] = issue_before.name
+    for new in (start, wait):  # Inductor's min-cut would otherwise run them in the forward
+        new.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
     for user in backward_users:
         user.replace_input_with(node, wait)
 
