@@ -13,9 +13,10 @@
   backward use, which then reads the waited tensor. ``x`` has no backward user left, so the
   partitioner saves the host copy ``h`` instead. Start and wait are tagged
   ``MUST_RECOMPUTE``: they depend on no tangent, and Inductor's min-cut partitioner
-  otherwise runs them in the forward and saves the device copy (checked: no memory saved). The partitioner may reorder the backward;
-  :func:`place_prefetches` then moves each start to where the plan issues it (its
-  ``meta["fxopt"]["issue_before"]``), ahead of the wait by the prefetch distance.
+  otherwise runs them in the forward and saves the device copy (checked: no memory saved).
+  The partitioner may reorder the backward; :func:`place_prefetches` then moves each
+  start to where the plan issues it (its ``meta["fxopt"]["issue_before"]``), ahead of the
+  wait by the prefetch distance.
 
 Placeholders and the output signature are untouched; created nodes carry fake values
 (computed by the ops' ``register_fake``) and ``meta["fxopt"]``.
