@@ -19,6 +19,10 @@ events, so they overlap with compute; lifetimes are stream-ordered:
   the compute stream (the allocation is ordered after earlier frees), copies, and records an
   event; ``wait`` makes the compute stream wait for that event before anything reads the
   buffer, so its later free on the compute stream is ordered after the copy;
+- with Inductor's code generation the offload is ``blocking``: Inductor reuses a dead
+  buffer's memory for a later kernel inside its generated code, without the caching
+  allocator, so ``record_stream`` cannot protect ``x``; the compute stream then waits for
+  the copy (the prefetch still overlaps);
 - host buffers come from :class:`HostBufferPool` and go back when the host tensor dies; the
   next step's offload into the same buffer is issued on the same copy stream, so it is
   ordered after the previous step's prefetch that read it. After the first step no pinned
@@ -48,11 +52,11 @@ __all__ = ["HostBufferPool", "SwapRuntime", "runtime"]
 
 log = logging.getLogger(__name__)
 
-_Key = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, bool]
+_Key = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, bool, str]
 
 
 class HostBufferPool:
-    """Host buffers by (shape, strides, dtype, pinned), reused across steps.
+    """Host buffers by (shape, strides, dtype, pinned, source device), reused across steps.
 
     :meth:`acquire` hands out a tensor that shares a pooled buffer's storage; when that
     tensor dies the buffer returns to the free list. ``allocations`` counts buffers ever
@@ -66,7 +70,10 @@ class HostBufferPool:
         self.allocated_bytes = 0
 
     def acquire(self, like: torch.Tensor, *, pinned: bool) -> torch.Tensor:
-        key: _Key = (tuple(like.shape), tuple(like.stride()), like.dtype, pinned)
+        # keyed by the source device too: each device's copies run on its own stream, and
+        # stream order is what makes reusing a buffer safe
+        key: _Key = (tuple(like.shape), tuple(like.stride()), like.dtype, pinned,
+                     str(like.device))
         with self._lock:
             free = self._free.setdefault(key, [])
             buffer = free.pop() if free else None
@@ -114,18 +121,21 @@ class SwapRuntime:
             self._streams[index] = torch.cuda.Stream(device=index)
         return self._streams[index]
 
-    def offload(self, x: torch.Tensor) -> torch.Tensor:
+    def offload(self, x: torch.Tensor, blocking: bool) -> torch.Tensor:
         self.offloads += 1
         cuda = x.device.type == "cuda"
         host = self.pool.acquire(x, pinned=cuda)
         if not cuda:
             host.copy_(x)
             return host
+        current = torch.cuda.current_stream(x.device)
         stream = self.copy_stream(x.device)
-        stream.wait_stream(torch.cuda.current_stream(x.device))
+        stream.wait_stream(current)
         with torch.cuda.stream(stream):
             host.copy_(x, non_blocking=True)
         x.record_stream(stream)
+        if blocking:
+            current.wait_stream(stream)
         return host
 
     def prefetch_start(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -139,6 +149,7 @@ class SwapRuntime:
                 out.copy_(host, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(stream)
+            out.record_stream(stream)  # freed unwaited (a backward that never ran): safe
         else:
             out.copy_(host)
         slot = next(self._slots)
@@ -165,13 +176,14 @@ runtime = SwapRuntime()
 
 
 @torch.library.custom_op("fxopt::swap_offload", mutates_args=())
-def swap_offload(x: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``x`` (pinned and asynchronous on CUDA)."""
-    return runtime.offload(x)
+def swap_offload(x: torch.Tensor, blocking: bool) -> torch.Tensor:
+    """A host copy of ``x`` (pinned and asynchronous on CUDA; with ``blocking`` the compute
+    stream waits for the copy before going on)."""
+    return runtime.offload(x, blocking)
 
 
 @swap_offload.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, blocking: bool) -> torch.Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
 
 

@@ -205,3 +205,6 @@ def test_inductor_codegen_with_min_cut_partitioner(force_swap):
         assert "fxopt.swap_offload.default" in _targets(graph.graphs["forward"])
         assert "fxopt.swap_prefetch_wait.default" in _targets(graph.graphs["backward"])
         assert "fxopt.swap_prefetch_wait.default" not in _targets(graph.graphs["forward"])
+        offloads = graph.graphs["forward"].graph.find_nodes(
+            op="call_function", target=torch.ops.fxopt.swap_offload.default)
+        assert offloads and all(n.args[1] is True for n in offloads)  # Inductor: blocking

@@ -12,7 +12,7 @@ ops = torch.ops.fxopt
 
 
 def _round_trip(x, device):
-    host = ops.swap_offload(x)
+    host = ops.swap_offload(x, False)
     token = ops.swap_prefetch_start(host, device)
     return host, ops.swap_prefetch_wait(token, host, device)
 
@@ -29,7 +29,7 @@ def test_round_trip_keeps_values_strides_and_dtype():
 
 def test_a_prefetch_is_consumed_once_and_a_dropped_token_frees_its_slot():
     x = torch.randn(5)
-    host = ops.swap_offload(x)
+    host = ops.swap_offload(x, False)
     token = ops.swap_prefetch_start(host, x.device)
     ops.swap_prefetch_wait(token, host, x.device)
     with pytest.raises(RuntimeError, match="never started or was already consumed"):
@@ -59,7 +59,7 @@ def test_pool_reuses_a_buffer_once_its_tensor_dies():
 def test_fake_implementations_give_shapes_devices_and_strides():
     with FakeTensorMode():
         x = torch.empty(4, 6).t()
-        host = ops.swap_offload(x)
+        host = ops.swap_offload(x, False)
         token = ops.swap_prefetch_start(host, torch.device("cpu"))
         back = ops.swap_prefetch_wait(token, host, torch.device("cpu"))
     assert host.device.type == "cpu" and host.stride() == x.stride()
@@ -68,10 +68,13 @@ def test_fake_implementations_give_shapes_devices_and_strides():
 
 
 @pytest.mark.gpu
-def test_cuda_round_trip_is_pinned_and_stream_ordered():
+@pytest.mark.parametrize("blocking", [False, True])
+def test_cuda_round_trip_is_pinned_and_stream_ordered(blocking):
     x = torch.randn(1024, 1024, device="cuda")
     expected = x.clone()
-    host, back = _round_trip(x, x.device)
+    host = ops.swap_offload(x, blocking)
+    token = ops.swap_prefetch_start(host, x.device)
+    back = ops.swap_prefetch_wait(token, host, x.device)
     assert host.is_pinned()
     del x  # freed at once: record_stream keeps the memory until the copy has read it
     torch.randn(1024, 1024, device="cuda")  # may reuse freed blocks; must not clobber

@@ -72,7 +72,8 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     analysis = analyse_joint(gm, ctx.facts["num_fwd_outputs"], profile)
     estimate = analysis.estimate
     problem = build_problem(analysis, budget_bound(budget, estimate), profile,
-                            recompute=not force_swap, swap=ctx.is_cuda or force_swap)
+                            recompute=not force_swap, swap=ctx.is_cuda or force_swap,
+                            blocking_offload=ctx.options.codegen == "inductor")
     decision = choose_decider(ctx)(problem)
     stats = _stats(budget, estimate, problem, decision, profile.name)
     if not decision.feasible:

@@ -63,12 +63,13 @@ def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: Activat
                 n.meta["fxopt"] = {**n.meta.get("fxopt", {}), "swap_recompute": "recompute"}
         else:
             start_step = choices[name].choice("swap").window[1]
-            _insert_swap(gm, analysis, node, by_step[start_step], ctx.device)
+            _insert_swap(gm, analysis, node, by_step[start_step], ctx.device,
+                         blocking=ctx.options.codegen == "inductor")
     return applied
 
 
 def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, issue_before: fx.Node,
-                 device: torch.device) -> None:
+                 device: torch.device, *, blocking: bool) -> None:
     def step(n: fx.Node) -> int:
         return a.step_of[n]
 
@@ -80,11 +81,11 @@ def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, issue_befo
     meta = {"pass": "swap_recompute", "replaces": [node.name], "swap": node.name}
     val = node.meta["val"]
     with _compat.fake_mode_of([val]) or contextlib.nullcontext():
-        host_val = _OFFLOAD(val)
+        host_val = _OFFLOAD(val, blocking)
         token_val = _START(host_val, device)
         back_val = _WAIT(token_val, host_val, device)
     with gm.graph.inserting_after(last_forward):
-        offload = gm.graph.call_function(_OFFLOAD, (node,))
+        offload = gm.graph.call_function(_OFFLOAD, (node, blocking))
     with gm.graph.inserting_before(first_backward):
         start = gm.graph.call_function(_START, (offload, device))
         wait = gm.graph.call_function(_WAIT, (start, offload, device))

@@ -27,7 +27,8 @@ Choices, each with a window of timeline steps during which the bytes are not res
   the bytes are free once compute of the following steps has covered the copy time; the
   prefetch is issued as many backward steps ahead of the first use as it takes compute to
   cover the copy (never before the backward starts). Seconds: the copy time that compute
-  does not hide, both ways. A tensor must be dense and fill its storage to be swapped.
+  does not hide, both ways (a blocking offload, under Inductor, hides nothing and frees
+  the bytes at once). A tensor must be dense and fill its storage to be swapped.
 
 Step times are rooflines of :func:`fxopt.analysis.node_cost` on a
 :class:`fxopt.planner.HardwareProfile`. On a forced swap on a CPU device (no host-device
@@ -212,7 +213,7 @@ def _recompute_choice(a: JointAnalysis, chain: list[fx.Node], reads: set[fx.Node
 
 
 def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first_bw: int,
-                 profile: HardwareProfile) -> ActivationChoice | None:
+                 profile: HardwareProfile, blocking: bool) -> ActivationChoice | None:
     val = node.meta["val"]
     dense = val.is_contiguous() or (
         val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last))
@@ -223,7 +224,7 @@ def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first
         copy = size / profile.memory_bandwidth
     steps = len(a.step_seconds)
     start, hidden_out = last_fw + 1, 0.0
-    while hidden_out < copy and start < steps:
+    while not blocking and hidden_out < copy and start < steps:
         hidden_out += a.step_seconds[start]
         start += 1
     end, hidden_in = first_bw, 0.0
@@ -237,7 +238,8 @@ def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first
 
 
 def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile, *,
-                  recompute: bool = True, swap: bool = False) -> ActivationProblem:
+                  recompute: bool = True, swap: bool = False,
+                  blocking_offload: bool = False) -> ActivationProblem:
     """The decision problem: one SavedActivation per candidate, with the allowed choices."""
     chains = _chains(a) if recompute else {}
     activations = []
@@ -249,7 +251,8 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
         if name in chains and (c := _recompute_choice(a, *chains[name], last_fw, first_bw)):
             choices.append(c)
         if swap and len(group) == 1 and (
-                c := _swap_choice(a, node, size, last_fw, first_bw, profile)):
+                c := _swap_choice(a, node, size, last_fw, first_bw, profile,
+                                  blocking_offload)):
             choices.append(c)
         activations.append(SavedActivation(name, size, tuple(choices)))
     return ActivationProblem(
