@@ -38,6 +38,7 @@ from fxopt.analysis.memory import (
 )
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
+from fxopt.passes.swap_recompute import place_prefetches
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
 
 __all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
@@ -209,6 +210,7 @@ class _GraphCompiler:
                      else _compat.default_partition)
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                       **kwargs)
+        place_prefetches(backward)  # swap_recompute's prefetch distance (no-op without swaps)
         self._partitioned_backward = backward
         return forward, backward
 

@@ -84,6 +84,9 @@ class Options:
     memory_budget: MemoryBudget | None = field(default=None, metadata={
         "doc": "bytes (int), a string like '6GiB', or a fraction in (0, 1] of the "
                "activation memory plain autograd would keep"})
+    force_swap: bool = field(default=False, metadata={
+        "doc": "swap_recompute: offer only swapping, on any device (exercises the swap "
+               "runtime on a CPU, where swapping frees nothing)"})
     planner: bool | None = field(default=None, metadata={
         "doc": "let the planner choose the passes' parameters (default: on when "
                "memory_budget is set)"})
@@ -210,7 +213,7 @@ def _parse_rewrite_limit(value: Any) -> Mapping[str, int] | None:
 def _parse(name: str, value: Any) -> Any:
     if name in PASS_FLAGS or name == "planner":
         return _parse_flag(name, value, optional=True)
-    if name in ("strict", "inductor_max_autotune"):
+    if name in ("strict", "inductor_max_autotune", "force_swap"):
         return _parse_flag(name, value, optional=False)
     if name == "memory_budget":
         return parse_memory_budget(value)

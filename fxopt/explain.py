@@ -151,7 +151,22 @@ def _memory_change(before: MemoryEstimate | None, after: MemoryEstimate | None) 
 
 
 def _stats_text(stats: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in stats.items())
+    return ", ".join(f"{k}={v}" for k, v in stats.items() if k != "plan")
+
+
+def _plan_rows(stats: dict[str, Any]) -> list[str]:
+    """swap_recompute's plan: predicted peak before/after, and per saved tensor the action,
+    its bytes and the step time it is predicted to add."""
+    plan = stats.get("plan")
+    if not isinstance(plan, dict) or "tensors" not in plan:
+        return []
+    lines = [f"      predicted peak {_mib(stats['peak_before'])} -> "
+             f"{_mib(stats['peak_after'])} MiB (bound {_mib(stats['budget_bytes'])} MiB, "
+             f"{'fits' if stats['feasible'] else 'NOT reachable'}; profile {plan['profile']})",
+             f"      {'saved tensor':<28}{'action':<11}{'KiB':>10}{'added ms':>11}"]
+    lines += [f"      {t['tensor']:<28}{t['action']:<11}{t['bytes'] / 1024:>10.1f}"
+              f"{t['seconds'] * 1e3:>11.4f}" for t in plan["tensors"]]
+    return lines
 
 
 def _render(report: ExplainReport) -> list[str]:
@@ -192,4 +207,6 @@ def _render(report: ExplainReport) -> list[str]:
                 f"  {r.stage:<13}{r.graph.split('/')[-1]:<11}{r.name:<19}{r.status:<12}"
                 f"{nodes:>11}{r.seconds * 1e3:>8.1f}  "
                 f"{_memory_change(r.memory_before, r.memory_after):<28}{detail}")
+            if r.ran:
+                lines += _plan_rows(r.stats)
     return lines

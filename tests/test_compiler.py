@@ -1,6 +1,7 @@
 """The backend end to end: training, inference, dynamic shapes, graph breaks, buffer
 mutation, autocast, both code generators; every case compared with eager."""
 
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -133,19 +134,9 @@ def test_max_autotune_mode_selects_inductor():
     assert backend.graphs[0].options.codegen == "inductor"
 
 
-def unavailable_pass() -> str:
-    """A pass listed but not built yet (which ones changes as passes land)."""
-    from fxopt.passes import PIPELINE
-
-    name = next((s.name for s in PIPELINE if not s.available), None)
-    if name is None:
-        pytest.skip("every pass is available")
-    return name
-
-
-def test_string_backend_and_options_reach_fxopt():
+def test_string_backend_and_options_reach_fxopt(unavailable_pass):
     model = MLP()
-    name = unavailable_pass()
+    name = unavailable_pass
     compiled = torch.compile(model, backend="fxopt", options={name: True})
     x = torch.randn(3, 13)
     with pytest.warns(UserWarning, match=f"'{name}' is not available yet"):

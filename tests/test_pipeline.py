@@ -136,10 +136,11 @@ def test_flag_decides_and_unset_flag_follows_the_default(flag, default, expected
     assert flagged.decide(elsewhere) == (False, "runs at stage pre_autograd")
 
 
-def test_unavailable_pass_is_reported_not_ignored():
-    with pytest.warns(UserWarning, match="'swap_recompute' is not available yet"):
-        comparison = assert_same_as_eager(MLP(), (torch.randn(2, 13),), {"swap_recompute": True})
-    (record,) = [r for r in comparison.passes if r.name == "swap_recompute"]
+def test_unavailable_pass_is_reported_not_ignored(unavailable_pass):
+    name = unavailable_pass
+    with pytest.warns(UserWarning, match=f"'{name}' is not available yet"):
+        comparison = assert_same_as_eager(MLP(), (torch.randn(2, 13),), {name: True})
+    (record,) = [r for r in comparison.passes if r.name == name]
     assert record.status == "unavailable" and record.reason == "not available yet (requested)"
 
 

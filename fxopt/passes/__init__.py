@@ -19,6 +19,7 @@ from fxopt.passes.base import (
 from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.passes.offload_optimizer import offload_optimizer
+from fxopt.passes.swap_recompute import swap_recompute
 from fxopt.passes.tempo import tempo
 
 __all__ = [
@@ -35,8 +36,11 @@ PIPELINE: list[PassSpec] = [
         name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn, issue="#5",
         description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
     PassSpec(
-        name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,), run=None,
-        issue="#7", description="keep, recompute or swap each saved activation (DELTA)"),
+        name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,),
+        run=swap_recompute, issue="#7",
+        default=lambda ctx: ctx.options.memory_budget is not None,
+        default_text="on when memory_budget is set",
+        description="keep, recompute or swap each saved activation (DELTA)"),
     PassSpec(
         name="fuse_elementwise", flag="fuse_elementwise",
         stages=(Stage.FORWARD, Stage.BACKWARD), run=fuse_elementwise, issue="#4",

@@ -1,0 +1,117 @@
+"""swap_recompute: keep, recompute or swap each saved activation, under ``memory_budget``.
+
+At the JOINT stage (AOTAutograd's joint forward+backward graph, before the partitioner):
+
+1. :mod:`.problem` builds an :class:`fxopt.planner.ActivationProblem` from the graph: the
+   memory simulation's timeline with everything kept, one ``SavedActivation`` per saved
+   tensor with a ``recompute`` choice and, on CUDA (or with ``force_swap``), a ``swap``
+   choice, and the budget as a bound on the predicted peak of the step;
+2. a decider, any ``Callable[[ActivationProblem], Decision]``, picks the actions;
+   :func:`choose_decider` is the one place that says which (today the DELTA-style
+   :func:`.delta.decide_delta`; the planner's MILP plugs in there with the same signature);
+3. :mod:`.apply` rewrites the joint graph (recompute tags, swap ops); the partitioner then
+   saves what the decision keeps, and the compiler places the prefetches in the backward.
+
+The budget (``memory_budget``) bounds the predicted peak of one step: parameters, inputs,
+gradients, activations and temporaries as :mod:`fxopt.analysis.memory` simulates them
+(optimizer state lives outside the compiled step and is not in the graph). Bytes are a
+bound on that peak; a fraction ``f`` of activation memory means the peak with everything
+kept minus ``(1 - f)`` times the bytes plain autograd saves. A step that already fits is
+left unchanged (``stats["fits"]``); one that cannot fit raises under ``strict`` naming the
+lowest peak the decider reaches, and otherwise warns with that figure and applies that
+plan. On a CPU device swapping frees nothing, so only recompute is offered unless
+``force_swap`` is set, which offers only swapping (the swap path's tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+
+import torch.fx as fx
+
+from fxopt.analysis.memory import MemoryEstimate
+from fxopt.config import MemoryBudget
+from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
+from fxopt.passes.swap_recompute.delta import decide_delta
+from fxopt.passes.swap_recompute.problem import analyse_joint, build_problem
+from fxopt.planner import ActivationProblem, Decision, profile_for
+
+__all__ = ["swap_recompute", "choose_decider", "budget_bound", "InfeasibleBudget",
+           "place_prefetches", "SWAP_OPS"]
+
+log = logging.getLogger(__name__)
+
+Decider = Callable[[ActivationProblem], Decision]
+
+
+class InfeasibleBudget(RuntimeError):
+    """No plan reaches ``memory_budget`` (raised under ``strict``)."""
+
+
+def choose_decider(ctx: PassContext) -> Decider:
+    """Who decides the actions. The one place to plug in another decider."""
+    return decide_delta
+
+
+def budget_bound(budget: MemoryBudget, estimate: MemoryEstimate) -> int:
+    """The bound on the predicted step peak that ``budget`` stands for."""
+    if budget.bytes is not None:
+        return budget.bytes
+    return estimate.peak_bytes - round((1.0 - budget.fraction) * estimate.activation_bytes)
+
+
+def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    budget = ctx.options.memory_budget
+    if budget is None:
+        return PassResult(gm, False, {"reason": "no memory_budget set: nothing to bound"})
+    profile = profile_for(ctx.device)
+    force_swap = ctx.options.force_swap
+    analysis = analyse_joint(gm, ctx.facts["num_fwd_outputs"], profile)
+    estimate = analysis.estimate
+    problem = build_problem(analysis, budget_bound(budget, estimate), profile,
+                            recompute=not force_swap, swap=ctx.is_cuda or force_swap,
+                            blocking_offload=ctx.options.codegen == "inductor")
+    decision = choose_decider(ctx)(problem)
+    stats = _stats(budget, estimate, problem, decision, profile.name)
+    if not decision.feasible:
+        message = (f"fxopt: swap_recompute cannot fit {ctx.graph_name} in memory_budget "
+                   f"{budget} (a predicted peak of {_mib(problem.budget_bytes)} MiB): the "
+                   f"lowest predicted peak reachable is {_mib(decision.peak_bytes)} MiB "
+                   f"({decision.peak_bytes} bytes; {_mib(estimate.peak_bytes)} MiB with "
+                   "everything kept)")
+        if ctx.options.strict:
+            raise InfeasibleBudget(message)
+        warnings.warn(f"{message}; using the plan that reaches it", stacklevel=2)
+    if not decision.actions:
+        stats["fits"] = decision.feasible
+        return PassResult(gm, False, stats)
+    applied = apply_decision(gm, analysis, problem, decision, ctx)
+    log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
+    return PassResult(gm, bool(applied), stats)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3g}"
+
+
+def _stats(budget: MemoryBudget, estimate: MemoryEstimate, problem: ActivationProblem,
+           decision: Decision, profile: str) -> dict[str, object]:
+    counts = {a: sum(1 for v in decision.actions.values() if v == a)
+              for a in ("recompute", "swap")}
+    tensors = []
+    for act in problem.activations:
+        action = decision.actions.get(act.name, "keep")
+        choice = act.choice(action) if action != "keep" else None
+        tensors.append({"tensor": act.name, "bytes": act.nbytes, "action": action,
+                        "seconds": choice.seconds if choice else 0.0})
+    return {
+        "budget": str(budget), "budget_bytes": problem.budget_bytes,
+        "peak_before": estimate.peak_bytes, "peak_after": decision.peak_bytes,
+        "feasible": decision.feasible, "recompute": counts["recompute"],
+        "swap": counts["swap"], "kept": len(problem.activations) - len(decision.actions),
+        "added_ms": round(decision.added_seconds * 1e3, 4),
+        "plan": {"decision": decision.to_dict(), "profile": profile, "tensors": tensors},
+    }

@@ -1,0 +1,125 @@
+"""Apply a :class:`~fxopt.planner.Decision` to the joint graph, for the partitioner.
+
+- **recompute**: the nodes of the tensor's recompute chain (back to placeholders and other
+  saved tensors, which the decision keeps) get the partitioner's policy tag
+  ``node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE`` (public:
+  ``torch.utils.checkpoint``). Both of torch's partitioners read it: the tagged node is not
+  saved, its untagged inputs are (the default partitioner marks them ``MUST_SAVE``), and the
+  backward rebuilds it just before its first use. No random op is ever tagged: dropout is
+  never recomputed, its saved mask and output are what the backward reads, so the masks
+  are the forward's.
+- **swap**: ``h = fxopt::swap_offload(x)`` after the last forward use of ``x``'s storage;
+  ``fxopt::swap_prefetch_start(h)`` and ``fxopt::swap_prefetch_wait`` before ``x``'s first
+  backward use, which then reads the waited tensor. ``x`` has no backward user left, so the
+  partitioner saves the host copy ``h`` instead. Start and wait are tagged
+  ``MUST_RECOMPUTE``: they depend on no tangent, and Inductor's min-cut partitioner
+  otherwise runs them in the forward and saves the device copy (checked: no memory saved).
+  The partitioner may reorder the backward; :func:`place_prefetches` then moves each
+  start to where the plan issues it (its ``meta["fxopt"]["issue_before"]``), ahead of the
+  wait by the prefetch distance.
+
+Placeholders and the output signature are untouched; created nodes carry fake values
+(computed by the ops' ``register_fake``) and ``meta["fxopt"]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.fx as fx
+from torch.utils.checkpoint import CheckpointPolicy
+
+import fxopt.runtime  # noqa: F401  (registers the fxopt::swap_* ops)
+from fxopt import _compat
+from fxopt.passes.base import PassContext
+from fxopt.passes.swap_recompute.problem import JointAnalysis, group_chain
+from fxopt.planner import ActivationProblem, Decision
+
+__all__ = ["apply_decision", "place_prefetches", "SWAP_OPS"]
+
+_OFFLOAD = torch.ops.fxopt.swap_offload.default
+_START = torch.ops.fxopt.swap_prefetch_start.default
+_WAIT = torch.ops.fxopt.swap_prefetch_wait.default
+SWAP_OPS = (_OFFLOAD, _START, _WAIT)
+
+
+def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: ActivationProblem,
+                   decision: Decision, ctx: PassContext) -> dict[str, str]:
+    """Rewrite ``gm`` for ``decision``; returns the actions applied (bisecting may refuse
+    some: a refused action keeps its tensor, which only raises memory)."""
+    applied: dict[str, str] = {}
+    for name in decision.details.get("order", sorted(decision.actions)):
+        if ctx.rewrites.allow():
+            applied[name] = decision.actions[name]
+    by_step = {s: n for n, s in analysis.step_of.items()}
+    choices = problem.by_name()
+    for name, action in applied.items():
+        node = analysis.candidates[name][0]
+        if action == "recompute":
+            chain, _ = group_chain(analysis, name)
+            for n in chain:
+                n.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+                n.meta["fxopt"] = {**n.meta.get("fxopt", {}), "swap_recompute": "recompute"}
+        else:
+            start_step = choices[name].choice("swap").window[1]
+            _insert_swap(gm, analysis, node, by_step[start_step], ctx.device,
+                         blocking=ctx.options.codegen == "inductor")
+    return applied
+
+
+def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, issue_before: fx.Node,
+                 device: torch.device, *, blocking: bool) -> None:
+    def step(n: fx.Node) -> int:
+        return a.step_of[n]
+
+    aliases = [n for n in a.aliases[a.base[node]] if n in a.step_of]
+    forward = [n for n in aliases if step(n) < a.bw_start]
+    forward += [u for n in aliases for u in n.users if u in a.step_of and step(u) < a.bw_start]
+    backward_users = [u for u in node.users if u in a.step_of and step(u) >= a.bw_start]
+    last_forward, first_backward = max(forward, key=step), min(backward_users, key=step)
+    meta = {"pass": "swap_recompute", "replaces": [node.name], "swap": node.name}
+    val = node.meta["val"]
+    with _compat.fake_mode_of([val]) or contextlib.nullcontext():
+        host_val = _OFFLOAD(val, blocking)
+        token_val = _START(host_val, device)
+        back_val = _WAIT(token_val, host_val, device)
+    with gm.graph.inserting_after(last_forward):
+        offload = gm.graph.call_function(_OFFLOAD, (node, blocking))
+    with gm.graph.inserting_before(first_backward):
+        start = gm.graph.call_function(_START, (offload, device))
+        wait = gm.graph.call_function(_WAIT, (start, offload, device))
+    for new, value, tag in ((offload, host_val, "is_forward"), (start, token_val, "is_backward"),
+                            (wait, back_val, "is_backward")):
+        new.meta["val"] = value
+        new.meta["partitioner_tag"] = tag
+        new.meta["fxopt"] = dict(meta)
+    start.meta["fxopt"]["issue_before"] = issue_before.name
+    for new in (start, wait):  # Inductor's min-cut would otherwise run them in the forward
+        new.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    for user in backward_users:
+        user.replace_input_with(node, wait)
+
+
+def place_prefetches(backward: fx.GraphModule) -> int:
+    """Move each prefetch start of a partitioned backward to where its plan issues it
+    (never after its wait); returns how many moved. A no-op without swaps."""
+    starts = list(backward.graph.find_nodes(op="call_function", target=_START))
+    if not starts:
+        return 0
+    nodes = list(backward.graph.nodes)
+    by_name = {n.name: n for n in nodes}
+    first_compute = next(n for n in nodes if n.op != "placeholder")
+    moved = 0
+    for start in starts:
+        target = by_name.get(start.meta.get("fxopt", {}).get("issue_before", ""))
+        if target is None or target.op == "placeholder":
+            target = first_compute
+        position = {n: i for i, n in enumerate(backward.graph.nodes)}
+        if target is not start and position[target] < position[start]:
+            target.prepend(start)
+            moved += 1
+    if moved:
+        backward.graph.lint()
+        backward.recompile()
+    return moved

@@ -1,0 +1,260 @@
+"""Build the saved-activation decision problem (:class:`fxopt.planner.ActivationProblem`)
+from AOTAutograd's joint graph.
+
+The timeline and the live bytes with everything kept are the memory simulation's
+(:func:`fxopt.analysis.estimate_joint_memory`): forward nodes, then tangents and backward
+nodes. A *saved* tensor is a forward node that a backward node reads. Each saved tensor that
+owns its memory gets one :class:`~fxopt.planner.SavedActivation`; its bytes are those of the
+storage it lives in (a view's base); saved tensors that share one storage (``tanh`` and
+the ``detach`` of it that ``tanh_backward`` reads) form one activation, named after the
+first, recomputed together and swapped only when it is a single tensor. Saved tensors are
+left out (always kept) when freeing them could not free memory:
+
+- they alias a placeholder (parameters, inputs: caller-owned);
+- a forward output shares their storage (held by the caller to the end of the step).
+
+Choices, each with a window of timeline steps during which the bytes are not resident:
+
+- ``recompute``: the chain of forward nodes that rebuilds the tensor from placeholders and
+  other saved tensors, which it ``requires`` (kept). Stopping at every saved tensor keeps
+  the window exact: the partitioner rebuilds a recomputed node once, at its first backward
+  use, so a chain through another recomputed tensor would rebuild that one early (measured
+  on a 3-layer MLP: the partitioned step's peak then exceeded the plan's by 5%). Random
+  ops (dropout) are never recomputed: their outputs are saved, so a chain reads them.
+  Window: from after the last forward use of the storage to its first backward use.
+  Seconds: the chain's roofline time.
+- ``swap`` (on CUDA, or when forced): the offload copy runs from the last forward use and
+  the bytes are free once compute of the following steps has covered the copy time; the
+  prefetch is issued as many backward steps ahead of the first use as it takes compute to
+  cover the copy (never before the backward starts). Seconds: the copy time that compute
+  does not hide, both ways (a blocking offload, under Inductor, hides nothing and frees
+  the bytes at once). A tensor must be dense and fill its storage to be swapped.
+
+Step times are rooflines of :func:`fxopt.analysis.node_cost` on a
+:class:`fxopt.planner.HardwareProfile`. On a forced swap on a CPU device (no host-device
+link) copies are timed at the profile's memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from fxopt.analysis.cost import node_cost, return_aliases
+from fxopt.analysis.memory import MemoryEstimate, estimate_joint_memory
+from fxopt.analysis.shapes import nbytes, storage_nbytes
+from fxopt.planner import ActivationChoice, ActivationProblem, HardwareProfile, SavedActivation
+
+__all__ = ["JointAnalysis", "analyse_joint", "build_problem", "group_chain", "is_random",
+           "recompute_chain"]
+
+
+@dataclass
+class JointAnalysis:
+    """What the pass needs from the joint graph to build a problem and to apply a decision."""
+
+    estimate: MemoryEstimate
+    step_of: dict[fx.Node, int]        # executed node -> timeline step
+    bw_start: int                      # first backward step
+    saved: list[fx.Node]               # every saved forward node, graph order
+    candidates: dict[str, list[fx.Node]]  # name -> the saved nodes of one storage
+    group_of: dict[fx.Node, str]       # saved node -> its candidate's name
+    base: dict[fx.Node, fx.Node]       # node -> the node owning its storage
+    aliases: dict[fx.Node, list[fx.Node]]  # storage-owning node -> nodes viewing it
+    step_seconds: list[float]
+
+
+def is_random(node: fx.Node) -> bool:
+    """A node whose values come from the RNG (or a getitem of one)."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return is_random(node.args[0])
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _recomputable(node: fx.Node) -> bool:
+    if node.op != "call_function" or is_random(node):
+        return False
+    if node.target is operator.getitem:
+        return _recomputable(node.args[0]) if isinstance(node.args[0], fx.Node) else False
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or schema.is_mutable:
+        return False
+    return getattr(node.target, "namespace", "") == "aten"
+
+
+def recompute_chain(node: fx.Node, stop: set[fx.Node]) -> tuple[list[fx.Node], set[fx.Node]]:
+    """Nodes that rebuild ``node``, walking back until placeholders or ``stop`` nodes.
+
+    Returns (chain, inputs it reads from ``stop``); raises ValueError when the walk meets a
+    node it may not recompute (random, mutating, not aten) that is not in ``stop``.
+    """
+    chain: list[fx.Node] = []
+    reads: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            continue
+        if n is not node and n in stop:
+            reads.add(n)
+            continue
+        if not _recomputable(n):
+            raise ValueError(f"{n.name} ({n.target}) cannot be recomputed")
+        chain.append(n)
+        todo.extend(n.all_input_nodes)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return sorted(chain, key=order.__getitem__), reads
+
+
+def _base(node: fx.Node, memo: dict[fx.Node, fx.Node]) -> fx.Node:
+    if node in memo:
+        return memo[node]
+    base = node
+    if node.op == "call_function" and node.target is not operator.getitem:
+        sources = return_aliases(node)
+        if len(sources) == 1 and isinstance(sources[0], fx.Node):
+            base = _base(sources[0], memo)
+    memo[node] = base
+    return base
+
+
+def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
+                  profile: HardwareProfile) -> JointAnalysis:
+    estimate = estimate_joint_memory(gm, num_fwd_outputs)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    step_of = {by_name[label.split(":", 1)[1]]: i
+               for i, (label, _) in enumerate(estimate.timeline)}
+    bw_start = next((i for i, (label, _) in enumerate(estimate.timeline)
+                     if label.startswith("bw:")), len(estimate.timeline))
+    forward = {n for n, s in step_of.items() if s < bw_start}
+    saved = [n for n in gm.graph.nodes if n in forward and n.op != "placeholder"
+             and isinstance(n.meta.get("val"), torch.Tensor)
+             and any(u in step_of and step_of[u] >= bw_start for u in n.users)]
+    memo: dict[fx.Node, fx.Node] = {}
+    base = {n: _base(n, memo) for n in gm.graph.nodes}
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    held = {base[n] for n in output.all_input_nodes}
+    aliases: dict[fx.Node, list[fx.Node]] = {}
+    for n, b in base.items():
+        aliases.setdefault(b, []).append(n)
+    by_base: dict[fx.Node, list[fx.Node]] = {}
+    for n in saved:
+        by_base.setdefault(base[n], []).append(n)
+    candidates = {group[0].name: group for b, group in by_base.items()
+                  if b.op != "placeholder" and b not in held}
+    group_of = {n: name for name, group in candidates.items() for n in group}
+    step_seconds = [0.0] * len(estimate.timeline)
+    for n, s in step_of.items():
+        if n.op == "call_function":
+            cost = node_cost(n)
+            val = n.meta.get("val")
+            dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+            step_seconds[s] = profile.compute_seconds(
+                cost.flops, cost.bytes_read + cost.bytes_written, dtype)
+    return JointAnalysis(estimate, step_of, bw_start, saved, candidates, group_of, base,
+                         aliases, step_seconds)
+
+
+def _last_forward_use(a: JointAnalysis, node: fx.Node) -> int:
+    aliases = a.aliases[a.base[node]]
+    steps = [a.step_of[n] for n in aliases if n in a.step_of and a.step_of[n] < a.bw_start]
+    steps += [a.step_of[u] for n in aliases for u in n.users
+              if u in a.step_of and a.step_of[u] < a.bw_start]
+    return max(steps)
+
+
+def _first_backward_use(a: JointAnalysis, group: list[fx.Node]) -> int:
+    return min(a.step_of[u] for node in group for u in node.users
+               if u in a.step_of and a.step_of[u] >= a.bw_start)
+
+
+def group_chain(a: JointAnalysis, name: str) -> tuple[list[fx.Node], set[fx.Node]]:
+    """The recompute chain of a candidate (all its saved nodes) and the other saved
+    nodes it reads; ValueError when it cannot be recomputed."""
+    group = a.candidates[name]
+    stop = set(a.saved) - set(group)
+    chain: dict[fx.Node, None] = {}
+    reads: set[fx.Node] = set()
+    for node in group:
+        nodes, read = recompute_chain(node, stop)
+        chain.update(dict.fromkeys(nodes))
+        reads |= read
+    order = {n: i for i, n in enumerate(group[0].graph.nodes)}
+    return sorted(chain, key=order.__getitem__), reads
+
+
+def _chains(a: JointAnalysis) -> dict[str, tuple[list[fx.Node], set[fx.Node]]]:
+    """Each candidate's recompute chain and the saved values it reads (no entry: it cannot
+    be recomputed)."""
+    chains = {}
+    for name in a.candidates:
+        try:
+            chains[name] = group_chain(a, name)
+        except ValueError:
+            continue
+    return chains
+
+
+def _recompute_choice(a: JointAnalysis, chain: list[fx.Node], reads: set[fx.Node],
+                      last_fw: int, end: int) -> ActivationChoice | None:
+    if end <= last_fw + 1:
+        return None
+    seconds = sum(a.step_seconds[a.step_of[n]] for n in chain if n in a.step_of)
+    requires = tuple(sorted({a.group_of[n] for n in reads if n in a.group_of}))
+    return ActivationChoice("recompute", (last_fw + 1, end), seconds, requires)
+
+
+def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first_bw: int,
+                 profile: HardwareProfile, blocking: bool) -> ActivationChoice | None:
+    val = node.meta["val"]
+    dense = val.is_contiguous() or (
+        val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last))
+    if not dense or nbytes(val) != size:
+        return None
+    copy = profile.copy_seconds(size)
+    if copy is None:  # forced on a device without a host link: a memory-speed copy
+        copy = size / profile.memory_bandwidth
+    steps = len(a.step_seconds)
+    start, hidden_out = last_fw + 1, 0.0
+    while not blocking and hidden_out < copy and start < steps:
+        hidden_out += a.step_seconds[start]
+        start += 1
+    end, hidden_in = first_bw, 0.0
+    while hidden_in < copy and end > a.bw_start:
+        end -= 1
+        hidden_in += a.step_seconds[end]
+    if start >= end:
+        return None
+    seconds = max(0.0, copy - hidden_out) + max(0.0, copy - hidden_in)
+    return ActivationChoice("swap", (start, end), seconds)
+
+
+def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile, *,
+                  recompute: bool = True, swap: bool = False,
+                  blocking_offload: bool = False) -> ActivationProblem:
+    """The decision problem: one SavedActivation per candidate, with the allowed choices."""
+    chains = _chains(a) if recompute else {}
+    activations = []
+    for name, group in a.candidates.items():
+        node = group[0]
+        size = storage_nbytes(a.base[node].meta["val"])
+        last_fw, first_bw = _last_forward_use(a, node), _first_backward_use(a, group)
+        choices = []
+        if name in chains and (c := _recompute_choice(a, *chains[name], last_fw, first_bw)):
+            choices.append(c)
+        if swap and len(group) == 1 and (
+                c := _swap_choice(a, node, size, last_fw, first_bw, profile,
+                                  blocking_offload)):
+            choices.append(c)
+        activations.append(SavedActivation(name, size, tuple(choices)))
+    return ActivationProblem(
+        live_bytes=tuple(b for _, b in a.estimate.timeline), activations=tuple(activations),
+        budget_bytes=budget_bytes, labels=tuple(label for label, _ in a.estimate.timeline))
