@@ -10,6 +10,9 @@
 - :mod:`~fxopt.planner.milp`: the exact solver (an MILP on scipy's HiGHS) of that problem,
   :func:`solve_activations`, with :mod:`~fxopt.planner.greedy` as its fallback.
 - :mod:`~fxopt.planner.frontier`: the predicted time-vs-memory Pareto frontier.
+- :mod:`~fxopt.planner.joint` builds the problem from a joint graph;
+  :mod:`~fxopt.planner.plan` holds the answer as JSON data (:class:`Plan`) and the compile
+  path's entry, :func:`plan_for_joint_graph`.
 
 Passes build these problems from their graphs and apply the decisions; deciding (a
 heuristic in a pass, or a solver) never touches an fx graph. That is the seam between the
@@ -31,10 +34,11 @@ from fxopt.planner.frontier import Frontier, FrontierPoint, pareto_frontier
 from fxopt.planner.greedy import solve_greedy
 from fxopt.planner.hardware import HardwareProfile, profile_for
 from fxopt.planner.milp import lowest_peak, lowest_peak_plan, solve_activations
+from fxopt.planner.plan import Plan, plan_for_joint_graph
 
 __all__ = [
     "ACTIONS", "ActivationChoice", "ActivationProblem", "Decision", "Frontier", "FrontierPoint",
-    "HardwareProfile", "SavedActivation", "added_seconds", "evaluate", "lowest_peak",
-    "lowest_peak_plan", "pareto_frontier", "peak_bytes", "profile_for", "solve_activations",
-    "solve_greedy", "timeline_bytes",
+    "HardwareProfile", "Plan", "SavedActivation", "added_seconds", "evaluate", "lowest_peak",
+    "lowest_peak_plan", "pareto_frontier", "peak_bytes", "plan_for_joint_graph", "profile_for",
+    "solve_activations", "solve_greedy", "timeline_bytes",
 ]
