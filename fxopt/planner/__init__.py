@@ -13,6 +13,8 @@
 - :mod:`~fxopt.planner.joint` builds the problem from a joint graph;
   :mod:`~fxopt.planner.plan` holds the answer as JSON data (:class:`Plan`) and the compile
   path's entry, :func:`plan_for_joint_graph`.
+- :mod:`~fxopt.planner.symbolic`: the step's memory and time as functions of the graph's
+  symbolic sizes (:func:`symbolic_step`), e.g. the largest batch that fits a budget.
 
 Passes build these problems from their graphs and apply the decisions; deciding (a
 heuristic in a pass, or a solver) never touches an fx graph. That is the seam between the
@@ -35,10 +37,11 @@ from fxopt.planner.greedy import solve_greedy
 from fxopt.planner.hardware import HardwareProfile, profile_for
 from fxopt.planner.milp import lowest_peak, lowest_peak_plan, solve_activations
 from fxopt.planner.plan import Plan, plan_for_joint_graph
+from fxopt.planner.symbolic import SymbolicStep, symbolic_step
 
 __all__ = [
     "ACTIONS", "ActivationChoice", "ActivationProblem", "Decision", "Frontier", "FrontierPoint",
-    "HardwareProfile", "Plan", "SavedActivation", "added_seconds", "evaluate", "lowest_peak",
-    "lowest_peak_plan", "pareto_frontier", "peak_bytes", "plan_for_joint_graph", "profile_for",
-    "solve_activations", "solve_greedy", "timeline_bytes",
+    "HardwareProfile", "Plan", "SavedActivation", "SymbolicStep", "added_seconds", "evaluate",
+    "lowest_peak", "lowest_peak_plan", "pareto_frontier", "peak_bytes", "plan_for_joint_graph",
+    "profile_for", "solve_activations", "solve_greedy", "symbolic_step", "timeline_bytes",
 ]
