@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from models import Block
-from planner_helpers import capture_joint
 
 from fxopt.analysis import estimate_joint_memory
 from fxopt.config import parse_memory_budget
 from fxopt.planner import peak_bytes, profile_for
+from fxopt.planner.capture import capture_joints
 from fxopt.planner.hardware import KNOWN_GPUS
 from fxopt.planner.joint import activation_problem, step_seconds
 from fxopt.planner.plan import Plan, budget_bytes_for, plan_for_joint_graph
@@ -19,7 +19,7 @@ from fxopt.planner.plan import Plan, budget_bytes_for, plan_for_joint_graph
 @pytest.fixture(scope="module")
 def joint():
     torch.manual_seed(0)
-    return capture_joint(Block(dim=32, heads=4), torch.randn(4, 24, 32))
+    return capture_joints(Block(dim=32, heads=4), (torch.randn(4, 24, 32),))[0]
 
 
 def test_problem_matches_the_memory_simulation(joint):

@@ -11,10 +11,10 @@ import pytest
 import sympy
 import torch
 from models import MLP, Block
-from planner_helpers import capture_joint
 
 from fxopt.analysis import estimate_joint_memory, measure_peak_memory
 from fxopt.planner import profile_for
+from fxopt.planner.capture import capture_joints
 from fxopt.planner.joint import step_seconds
 from fxopt.planner.symbolic import symbolic_step
 
@@ -31,7 +31,7 @@ def _batch_symbol(step, batch):
 def block():
     torch.manual_seed(0)
     model = Block(dim=64, heads=4)
-    joint = capture_joint(model, torch.randn(8, 32, 64), dynamic=True)
+    joint = capture_joints(model, (torch.randn(8, 32, 64),), dynamic=True)[0]
     return model, symbolic_step(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
 
 
@@ -49,13 +49,13 @@ def test_predicted_peak_matches_measurement_across_batch_sizes(block, batch):
     measured = measure_peak_memory(eager_step, baseline_tensors=[*model.parameters(), x])
     model.zero_grad(set_to_none=True)
     assert predicted == pytest.approx(measured.peak_bytes, rel=TOLERANCE)
-    static = capture_joint(model, x)
+    static = capture_joints(model, (x,))[0]
     assert predicted == estimate_joint_memory(static.gm, static.num_fwd_outputs).peak_bytes
 
 
 def test_time_is_the_roofline_of_the_captured_graph(block):
     model, step = block
-    static = capture_joint(model, torch.randn(16, 32, 64))
+    static = capture_joints(model, (torch.randn(16, 32, 64),))[0]
     expected = step_seconds(static.gm, profile_for("cpu"))
     assert step.step_seconds(**{_batch_symbol(step, 8): 16})[0] == pytest.approx(expected,
                                                                                 rel=1e-6)
@@ -84,7 +84,7 @@ def test_unknown_symbols_are_refused(block):
 
 
 def test_static_graph_gives_constants():
-    joint = capture_joint(MLP(), torch.randn(6, 13))
+    joint = capture_joints(MLP(), (torch.randn(6, 13),))[0]
     step = symbolic_step(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
     assert step.symbols == {} and step.basis == (1,)
     assert step.peak_bytes()[0] == estimate_joint_memory(joint.gm,
