@@ -73,6 +73,16 @@ def main() -> None:
                         help="compute per timeline step that hides copies (microseconds)")
     args = parser.parse_args()
     layers, per_layer = (2, 16) if args.smoke else (args.layers, args.per_layer)
+    import platform
+    import sys
+
+    import scipy
+    import torch
+
+    print(f"# python benchmarks/planner.py {' '.join(sys.argv[1:])}: planning runs on the host "
+          f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+          f"threads); torch {torch.__version__}, scipy {scipy.__version__}; synthetic problem, "
+          "seed 0")
     problem = synthetic_problem(layers, per_layer, step_seconds=args.step_us * 1e-6)
     keep_all = max(problem.live_bytes)
     began = time.perf_counter()

@@ -37,6 +37,7 @@ def solve_greedy(problem: ActivationProblem, *, start: Mapping[str, Action] | No
     """Greedy actions for ``problem``, starting from ``start`` (absent names are kept)."""
     state = _State(problem, dict(start or {}))
     budget = problem.budget_bytes
+    best_peak, best_round, moves = state.current.max(initial=0), 0, []
     for _ in range(2 * len(state.pairs) + 1):  # a switch can undo an earlier one: bound it
         timeline = state.current
         if timeline.size == 0 or timeline.max() <= budget:
@@ -46,6 +47,14 @@ def solve_greedy(problem: ActivationProblem, *, start: Mapping[str, Action] | No
         if candidate is None:
             break
         state.apply(*candidate)
+        moves.append(candidate)
+        if state.current.max() < best_peak:
+            best_peak, best_round = state.current.max(), len(moves)
+    if state.current.max(initial=0) > max(best_peak, budget):
+        # A switch raised steps outside the one it freed: go back to the lowest peak.
+        state = _State(problem, dict(start or {}))
+        for move in moves[:best_round]:
+            state.apply(*move)
     state.undo_unneeded(budget)
     return evaluate(problem, state.actions, "greedy", **details)
 
@@ -67,7 +76,12 @@ class _State:
         self.seconds = np.array([c.seconds for _, c in pairs], dtype=np.float64)
         self.pairs = pairs
         self.index = index
-        self.taken = np.zeros(len(problem.activations), dtype=bool)   # not kept
+        count = len(problem.activations)
+        self.taken = np.zeros(count, dtype=bool)   # not kept
+        # The chosen choice of each taken tensor: its window and seconds.
+        self.cur_start = np.zeros(count, dtype=np.int64)
+        self.cur_end = np.zeros(count, dtype=np.int64)
+        self.cur_seconds = np.zeros(count, dtype=np.float64)
         self.pinned = np.zeros(len(problem.activations), dtype=np.int64)  # read by recomputes
         self.current = np.asarray(problem.live_bytes, dtype=np.int64).copy()
         self.actions: dict[str, Action] = {}
@@ -82,14 +96,9 @@ class _State:
             return None
         owners = self.owner
         covers = (self.start <= step) & (step < self.end)
-        current = np.zeros(len(self.problem.activations), dtype=bool)   # freed at step now
-        extra = np.zeros(len(self.problem.activations), dtype=np.float64)  # seconds paid now
-        for name, action in self.actions.items():
-            choice = self.acts[name].choice(action)
-            current[self.index[name]] = choice.window[0] <= step < choice.window[1]
-            extra[self.index[name]] = choice.seconds
-        mask = covers & ~current[owners] & (self.pinned[owners] == 0) & (self.pair_bytes > 0)
-        rate = (self.seconds - extra[owners]) / np.maximum(self.pair_bytes, 1)
+        freed_now = self.taken & (self.cur_start <= step) & (step < self.cur_end)
+        mask = covers & ~freed_now[owners] & (self.pinned[owners] == 0) & (self.pair_bytes > 0)
+        rate = (self.seconds - self.cur_seconds[owners]) / np.maximum(self.pair_bytes, 1)
         # Cheapest seconds per freed byte; ties: more bytes, then problem order (lexsort is
         # stable and sorts by its last key first).
         order = np.lexsort((-self.pair_bytes, rate))
@@ -103,7 +112,10 @@ class _State:
         choice = act.choice(action)
         start, end = choice.window
         self.current[start:end] -= sign * act.nbytes
-        self.taken[self.index[act.name]] = sign > 0
+        i = self.index[act.name]
+        self.taken[i] = sign > 0
+        self.cur_start[i], self.cur_end[i] = start, end
+        self.cur_seconds[i] = choice.seconds if sign > 0 else 0.0
         for dep in choice.requires:
             self.pinned[self.index[dep]] += sign
 
