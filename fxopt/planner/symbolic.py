@@ -212,12 +212,13 @@ def symbolic_step(joint_gm: fx.GraphModule, num_fwd_outputs: int,
     basis = _Basis()
     rows, running = [], {}
     base_row = basis.row(baseline)
+    size_rows = [basis.row(e) for e in sim.exprs]
     for t in range(len(labels)):
         for sid in born[t]:
-            for j, v in basis.row(sim.exprs[sid]).items():
+            for j, v in size_rows[sid].items():
                 running[j] = running.get(j, 0.0) + v
         for sid in dead[t]:
-            for j, v in basis.row(sim.exprs[sid]).items():
+            for j, v in size_rows[sid].items():
                 running[j] = running.get(j, 0.0) - v
         row = dict(base_row)
         for j, v in running.items():
