@@ -142,3 +142,25 @@ def test_milp_matches_brute_force(seed):
     if greedy.feasible:
         assert greedy.peak_bytes <= problem.budget_bytes
         assert greedy.added_seconds >= seconds - 1e-9
+
+
+def test_a_time_limited_incumbent_competes_with_the_greedy(monkeypatch):
+    from fxopt.planner import milp
+
+    # HiGHS stopped by its time limit with a poor incumbent: recompute a (0.5 s) where a
+    # swap (0.25 s) meets the budget.
+    monkeypatch.setattr(milp._Model, "min_time",
+                        lambda self, budget, limit: ({"a": "recompute"}, "time limit"))
+    decision = solve_activations(_problem(110))
+    assert decision.actions == {"a": "swap"} and decision.feasible
+    assert decision.details["status"].startswith("time limit; greedy")
+
+
+def test_no_solution_in_time_falls_back_to_the_greedy(monkeypatch):
+    from fxopt.planner import milp
+
+    monkeypatch.setattr(milp._Model, "min_time", lambda self, budget, limit: (None, "time limit"))
+    decision = solve_activations(_problem(90))
+    assert decision.solver == "greedy" and decision.feasible and decision.peak_bytes <= 90
+    assert "no solution" not in decision.details["status"]
+    assert decision.details["status"].startswith("fallback: time limit")
