@@ -64,11 +64,13 @@ def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
         path = Path(where)
         if not path.is_file():
             raise ValueError(f"no such file: {where}")
+        _importable(path.resolve().parent)  # so the script's own sibling imports work
         spec = importlib.util.spec_from_file_location(f"fxopt_plan_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
     else:
+        _importable(Path.cwd())  # as ``python -m``: modules in the working directory
         module = importlib.import_module(where)
     fn = getattr(module, function, None)
     if not callable(fn):
@@ -83,6 +85,11 @@ def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
                          f"{type(result).__name__}")
     model, inputs = result
     return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _importable(folder: Path) -> None:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def _plan(args: argparse.Namespace) -> int:

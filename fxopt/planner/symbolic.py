@@ -21,6 +21,10 @@ matrix product (numpy), never a rebuild or a substitution into thousands of expr
 its predicted throughput". Not modelled: what the memory simulation does not model
 (workspaces, allocator caching), and sizes of zero (a size-0 dimension makes a storage
 empty, which an expression of the symbols does not see).
+
+It subclasses the private ``_Simulation`` of :mod:`fxopt.analysis.memory` (same package) so
+that the liveness rules exist once; a change there must keep ``_fresh`` and the fields
+``live_exprs`` reads.
 """
 
 from __future__ import annotations
