@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fxopt.debug.cli import add_diff_command
 
     add_diff_command(commands)
+    from fxopt.planner.cli import add_planner_commands
+
+    add_planner_commands(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 

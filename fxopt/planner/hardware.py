@@ -6,7 +6,8 @@ compute, where an optimizer subgroup should update) is a roofline against one pr
 ``host_device_bandwidth``. The defaults below are *achievable* rates, not datasheet peaks:
 about 70% of the dense datasheet FLOP rate and 80% of the memory bandwidth, and the pinned
 host<->device copy rate typically measured on each platform's PCIe generation. A measured
-profile (calibration) replaces them; ``source`` says which one a report is using.
+profile (``fxopt calibrate``, cached on disk; :mod:`fxopt.planner.calibrate`) replaces them
+in :func:`profile_for`; ``source`` says which one a report is using.
 
 On a CPU device there is no separate device memory: ``host_device_bandwidth`` is None and
 swapping to host memory frees nothing.
@@ -21,7 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["HardwareProfile", "profile_for", "KNOWN_GPUS", "CPU_DEFAULT"]
+__all__ = ["HardwareProfile", "profile_for", "default_profile", "device_key", "KNOWN_GPUS",
+           "CPU_DEFAULT"]
 
 _TERA = 1e12
 _GIGA = 1e9
@@ -115,8 +117,16 @@ _GENERIC_GPU = HardwareProfile(
     cpu_update_params_per_second=5e8, notes="unknown GPU: generic default; calibrate")
 
 
-def profile_for(device: torch.device | str) -> HardwareProfile:
-    """The default profile of ``device``: a known GPU by name, a generic GPU, or the CPU."""
+def device_key(device: torch.device) -> str:
+    """The name a device's calibration is cached under: ``cpu`` or the GPU's name."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device)
+
+
+def default_profile(device: torch.device | str) -> HardwareProfile:
+    """The documented default profile of ``device``: a known GPU by name, a generic GPU, or
+    the CPU (never the calibration cache)."""
     device = torch.device(device)
     if device.type != "cuda":
         return CPU_DEFAULT
@@ -126,3 +136,15 @@ def profile_for(device: torch.device | str) -> HardwareProfile:
         if key in name:
             return dataclasses.replace(profile, memory_capacity=capacity)
     return dataclasses.replace(_GENERIC_GPU, name=name, memory_capacity=capacity)
+
+
+def profile_for(device: torch.device | str, *, calibrated: bool = True) -> HardwareProfile:
+    """The profile of ``device``: its ``fxopt calibrate`` measurement when one is cached
+    (and ``calibrated``), else :func:`default_profile`."""
+    if calibrated:
+        from fxopt.planner.calibrate import load_calibrated
+
+        measured = load_calibrated(device)
+        if measured is not None:
+            return measured
+    return default_profile(device)

@@ -1,0 +1,122 @@
+"""``fxopt calibrate``: measure a device's rates once and cache them as a hardware profile.
+
+Short measurements (about a second each at the default sizes), each the best of a few
+repeats after a warm-up:
+
+- matmul FLOP rate per dtype (float32, bfloat16, and float16 on a GPU): ``a @ b`` of
+  square matrices, ``2 n^3`` FLOPs per product;
+- memory bandwidth: a device-to-device ``copy_`` of a large tensor (bytes read + written);
+- host<->device bandwidth (GPU only): pinned host tensor to the device and back;
+- CPU optimizer throughput: ``torch.optim.Adam(foreach=True)`` steps on CPU tensors,
+  parameters updated per second (the figure the optimizer-offload model needs).
+
+The profile is written as JSON to :func:`cache_path` (``$XDG_CACHE_HOME/fxopt/hardware/
+<device>.json``, by default ``~/.cache/fxopt/hardware/``), and
+:func:`fxopt.planner.profile_for` uses it from then on (``source="calibrated"``); delete
+the file to go back to the documented defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fxopt.planner.hardware import HardwareProfile, default_profile, device_key
+
+__all__ = ["cache_path", "calibrate", "load_calibrated", "save_calibrated"]
+
+log = logging.getLogger(__name__)
+
+
+def cache_path(device: torch.device | str) -> Path:
+    """Where the calibrated profile of ``device`` is cached."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", device_key(torch.device(device)))
+    return root / "fxopt" / "hardware" / f"{key}.json"
+
+
+def load_calibrated(device: torch.device | str) -> HardwareProfile | None:
+    """The cached profile of ``device``, or None (no cache, or an unreadable one: logged)."""
+    path = cache_path(device)
+    if not path.is_file():
+        return None
+    try:
+        return HardwareProfile.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as error:
+        log.warning("fxopt: ignoring the unreadable hardware profile %s (%s); run "
+                    "`fxopt calibrate` again", path, error)
+        return None
+
+
+def save_calibrated(profile: HardwareProfile, device: torch.device | str) -> Path:
+    path = cache_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def calibrate(device: torch.device | str, *, size: int = 2048, copy_mib: int = 256,
+              adam_params: int = 1 << 22, repeats: int = 3) -> HardwareProfile:
+    """Measure ``device`` (see the module doc); the default profile supplies the name and
+    capacity. Smaller sizes make it faster and less accurate (tests use tiny ones)."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("fxopt: cannot calibrate a CUDA device: CUDA is not available")
+    base = default_profile(device)
+    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
+    flops = {name: _matmul_rate(device, getattr(torch, name), size, repeats) for name in dtypes}
+    elements = copy_mib * 2**20 // 4
+    src = torch.empty(elements, device=device)
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.nbytes / _best(lambda: dst.copy_(src), device, repeats)
+    host = None
+    if device.type == "cuda":
+        pinned = torch.empty(elements, pin_memory=True)
+        up = _best(lambda: dst.copy_(pinned, non_blocking=True), device, repeats)
+        down = _best(lambda: pinned.copy_(dst, non_blocking=True), device, repeats)
+        host = src.nbytes / max(up, down)
+    profile = HardwareProfile(
+        name=base.name, device_type=device.type, flops=flops, memory_bandwidth=bandwidth,
+        host_device_bandwidth=host, cpu_update_params_per_second=_adam_rate(adam_params,
+                                                                            repeats),
+        memory_capacity=base.memory_capacity, source="calibrated",
+        notes=f"fxopt calibrate, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+    log.info("calibrated %s: %s", device, profile)
+    return profile
+
+
+def _best(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` runs of ``fn`` after one warm-up."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        began = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - began)
+    return max(best, 1e-9)
+
+
+def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int) -> float:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return 2 * n**3 / _best(lambda: a @ b, device, repeats)
+
+
+def _adam_rate(params: int, repeats: int) -> float:
+    weight = torch.zeros(params, requires_grad=True)
+    weight.grad = torch.randn(params)
+    optimizer = torch.optim.Adam([weight], foreach=True)
+    return params / _best(optimizer.step, torch.device("cpu"), repeats)

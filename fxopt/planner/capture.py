@@ -1,0 +1,65 @@
+"""Capture the joint forward+backward graphs of one training step, for planning offline.
+
+``fxopt plan`` and the planner's tests need the joint graph AOTAutograd builds, without
+running fxopt's passes: :func:`capture_joints` compiles the model with a recording
+AOTAutograd backend configured as fxopt's (no decompositions, the default partition,
+input mutations kept), runs one step (``model(*inputs)``, then backward from the sum of
+the output, so a scalar loss is itself), and returns each graph's joint with its
+``num_fwd_outputs``. Gradients the step leaves on the parameters are cleared afterwards.
+Private torch APIs only through :mod:`fxopt._compat`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxopt import _compat
+
+__all__ = ["CapturedJoint", "capture_joints"]
+
+
+@dataclass(frozen=True)
+class CapturedJoint:
+    gm: fx.GraphModule
+    num_fwd_outputs: int
+
+
+def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
+                   dynamic: bool = False) -> list[CapturedJoint]:
+    """The joint graph of every Dynamo graph of one training step of ``model``."""
+    torch._dynamo.reset()
+    found: list[CapturedJoint] = []
+
+    def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+        found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"]))
+        return _compat.default_partition(joint, joint_inputs, **kwargs)
+
+    def run_as_is(gm: fx.GraphModule, _: Any) -> Any:
+        return _compat.boxed_fx_callable(gm)
+
+    backend = _compat.aot_autograd(fw_compiler=run_as_is, bw_compiler=run_as_is,
+                                   partition_fn=partition, keep_inference_input_mutations=True)
+    out = torch.compile(model, backend=backend, dynamic=dynamic)(*inputs)
+    loss = _first_tensor(out)
+    if loss is None or not loss.requires_grad:
+        raise ValueError("fxopt: the model's output has no tensor that requires grad: "
+                         "planning needs a training step (model(*inputs), then backward)")
+    loss.sum().backward()
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    return found
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):  # transformers' ModelOutput too: loss first when given
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return next((t for t in map(_first_tensor, value) if t is not None), None)
+    return None

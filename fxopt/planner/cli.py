@@ -1,0 +1,203 @@
+"""``fxopt plan`` and ``fxopt calibrate``: the planner from the command line.
+
+``fxopt plan TARGET`` captures one training step of a model and prints, per captured
+graph, the predicted keep-all peak and step time and the time-vs-memory Pareto frontier
+(``--png`` draws it); ``--budget 6GiB`` also solves that budget and ``--save plan.json``
+writes the plan; ``--dynamic`` captures with symbolic sizes and ``--fit 6GiB`` answers the
+largest batch that fits and its predicted throughput.
+
+TARGET contract: ``package.module:function`` or ``path/to/file.py:function`` (the function
+defaults to ``fxopt_plan_target``). The function takes no arguments and returns
+``(model, example_inputs)``: an ``nn.Module`` and a tuple of its positional inputs (on the
+device to plan for). The step planned is ``model(*example_inputs)`` followed by backward
+of the sum of its first tensor output (a scalar loss is itself).
+
+``fxopt calibrate [--device cuda]`` measures the device and caches its profile
+(:mod:`fxopt.planner.calibrate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_planner_commands", "load_target"]
+
+DEFAULT_FUNCTION = "fxopt_plan_target"
+
+
+def add_planner_commands(commands: argparse._SubParsersAction) -> None:
+    """Register ``plan`` and ``calibrate`` on the ``fxopt`` command's subparsers."""
+    plan = commands.add_parser("plan", help="predicted time-vs-memory frontier of a model",
+                               description=__doc__.split("\n\n")[1])
+    plan.add_argument("target", help="module:function or file.py[:function] returning "
+                      "(model, example_inputs)")
+    plan.add_argument("--budget", help="solve this memory budget (bytes, 6GiB, 50%%, 0.5)")
+    plan.add_argument("--save", metavar="PLAN_JSON", help="write the plan (with --budget)")
+    plan.add_argument("--points", type=int, default=12, help="budgets on the frontier")
+    plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib)")
+    plan.add_argument("--time-limit", type=float, default=10.0,
+                      help="seconds per MILP solve (default 10)")
+    plan.add_argument("--dynamic", action="store_true",
+                      help="capture with symbolic sizes (batch, sequence length)")
+    plan.add_argument("--fit", metavar="BYTES",
+                      help="with --dynamic: the largest batch whose peak fits in BYTES")
+    plan.add_argument("--symbol", help="with --fit: the size symbol to grow (default: the "
+                      "first one that is dim 0 of an input)")
+    plan.set_defaults(run=_plan)
+    calibrate = commands.add_parser("calibrate", help="measure this device's rates and "
+                                    "cache them for the planner")
+    calibrate.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    calibrate.add_argument("--quick", action="store_true", help="tiny sizes (seconds, rough)")
+    calibrate.set_defaults(run=_calibrate)
+
+
+def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
+    """Call TARGET (see the module doc) and check what it returns."""
+    where, _, function = target.partition(":")
+    function = function or DEFAULT_FUNCTION
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise ValueError(f"no such file: {where}")
+        _importable(path.resolve().parent)  # so the script's own sibling imports work
+        spec = importlib.util.spec_from_file_location(f"fxopt_plan_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        _importable(Path.cwd())  # as ``python -m``: modules in the working directory
+        module = importlib.import_module(where)
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ValueError(f"{where} has no function {function!r} (the target returns "
+                         "(model, example_inputs))")
+    result = fn()
+    import torch
+
+    if (not isinstance(result, tuple) or len(result) != 2
+            or not isinstance(result[0], torch.nn.Module)):
+        raise ValueError(f"{target} must return (model, example_inputs), got "
+                         f"{type(result).__name__}")
+    model, inputs = result
+    return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _importable(folder: Path) -> None:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from fxopt.config import parse_memory_budget
+    from fxopt.debug.snapshot import format_bytes
+    from fxopt.planner.capture import capture_joints
+    from fxopt.planner.frontier import pareto_frontier
+    from fxopt.planner.hardware import profile_for
+    from fxopt.planner.joint import activation_problem
+    from fxopt.planner.plan import plan_for_joint_graph
+    from fxopt.planner.symbolic import symbolic_step
+
+    try:
+        model, inputs = load_target(args.target)
+        budget = parse_memory_budget(args.budget) if args.budget else None
+        fit = parse_memory_budget(args.fit) if args.fit else None
+        if fit is not None and (fit.bytes is None or not args.dynamic):
+            raise ValueError("--fit takes bytes (e.g. 6GiB) and needs --dynamic")
+        if args.save and budget is None:
+            raise ValueError("--save needs --budget")
+    except (ValueError, TypeError, ImportError) as error:
+        print(f"fxopt plan: {error}", file=sys.stderr)
+        return 2
+    device = next((t.device for t in inputs if hasattr(t, "device")), None)
+    hardware = profile_for(device or "cpu")
+    joints = capture_joints(model, inputs, dynamic=args.dynamic)
+    print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
+          f"({hardware.source})")
+    for index, joint in enumerate(joints):
+        analysis = activation_problem(joint.gm, joint.num_fwd_outputs, hardware)
+        problem = analysis.problem
+        print(f"\ng{index}: keep-all peak {format_bytes(analysis.memory.peak_bytes)}, "
+              f"activations {format_bytes(analysis.memory.activation_bytes)}, predicted "
+              f"step {1e3 * analysis.step_seconds:.3f} ms; {len(problem.activations)} "
+              "saved tensors with choices")
+        frontier = pareto_frontier(problem, points=args.points, time_limit=args.time_limit,
+                                   step_seconds=analysis.step_seconds)
+        print(frontier.table())
+        if args.png:
+            png = Path(args.png)
+            if len(joints) > 1:
+                png = png.with_name(f"{png.stem}_g{index}{png.suffix}")
+            print(f"frontier drawn: {frontier.plot(png, title=f'{args.target} g{index}')}")
+        if budget is not None:
+            options = argparse.Namespace(memory_budget=budget)
+            plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs, options, hardware,
+                                        time_limit=args.time_limit, name=f"g{index}")
+            print(f"budget {budget}: predicted peak "
+                  f"{format_bytes(int(plan.predictions['peak_bytes']))}, +"
+                  f"{1e3 * plan.predictions['added_seconds']:.3f} ms, {len(plan.actions)} "
+                  f"tensors not kept, {plan.solver} ({plan.status}) in "
+                  f"{plan.planning_seconds:.2f} s{'' if plan.feasible else ', OVER BUDGET'}")
+            if args.save:
+                path = Path(args.save)
+                if len(joints) > 1:
+                    path = path.with_name(f"{path.stem}_g{index}{path.suffix}")
+                print(f"plan saved: {plan.save(path)}")
+        if args.dynamic:
+            _print_symbolic(symbolic_step(joint.gm, joint.num_fwd_outputs, hardware), fit,
+                            args.symbol)
+    return 0
+
+
+def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
+    from fxopt.debug.snapshot import format_bytes
+
+    if not step.symbols:
+        print("sizes: static (no symbolic dimension in this graph)")
+        return
+    for name, hint in step.symbols.items():
+        print(f"size {name} = {hint} at capture, found at {', '.join(step.origins[name])}")
+    if fit is None:
+        return
+    symbol = symbol or next((n for n, where in step.origins.items()
+                             if any(w.endswith("[0]") for w in where)), None)
+    if symbol is None:
+        print("--fit: no size symbol is dim 0 of an input; pass --symbol")
+        return
+    answer = step.largest_fitting(symbol, fit.bytes)
+    if answer is None:
+        print(f"--fit: even {symbol} = 1 does not fit in {format_bytes(fit.bytes)}")
+        return
+    best, peak, throughput = answer
+    print(f"largest {symbol} that fits in {format_bytes(fit.bytes)}: {best} (predicted peak "
+          f"{format_bytes(int(peak))}, {throughput:.1f} {symbol}/s predicted)")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from fxopt.planner.calibrate import calibrate, save_calibrated
+
+    sizes = {"size": 256, "copy_mib": 16, "adam_params": 1 << 18} if args.quick else {}
+    try:
+        profile = calibrate(args.device, **sizes)
+    except RuntimeError as error:
+        print(f"fxopt calibrate: {error}", file=sys.stderr)
+        return 2
+    path = save_calibrated(profile, args.device)
+    for name, rate in profile.flops.items():
+        print(f"matmul {name:<9} {rate / 1e12:10.3f} TFLOP/s")
+    print(f"memory bandwidth  {profile.memory_bandwidth / 1e9:10.1f} GB/s")
+    if profile.host_device_bandwidth is not None:
+        print(f"host<->device     {profile.host_device_bandwidth / 1e9:10.1f} GB/s")
+    print(f"CPU Adam          {profile.cpu_update_params_per_second / 1e6:10.1f} Mparams/s")
+    print(f"saved: {path} (profile_for uses it; delete it to use the defaults)")
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,156 @@
+"""The planner's answer for one graph, as plain JSON data: a :class:`Plan`.
+
+A plan records what was decided and what it was decided for: the hardware profile, the
+budget, the action per saved tensor (absent: keep), the predictions (peak, keep-all peak,
+step time with everything kept, added seconds) and the planning time. It is shown by
+explain, dumped with the debug dir, and loaded again (``Plan.load``) to reproduce a run
+without solving: :meth:`Plan.decider` is a decider with the solver's signature that
+replays the recorded actions.
+
+:func:`plan_for_joint_graph` is the compile path's entry: joint graph in, plan out. It
+never edits the graph; the ``swap_recompute`` pass applies the plan's actions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from torch import fx
+
+from fxopt.planner.activations import ACTIONS, ActivationProblem, Decision, evaluate
+from fxopt.planner.hardware import HardwareProfile
+from fxopt.planner.joint import activation_problem
+from fxopt.planner.milp import DEFAULT_TIME_LIMIT, solve_activations
+
+__all__ = ["PLAN_VERSION", "Plan", "budget_bytes_for", "plan_for_joint_graph"]
+
+log = logging.getLogger(__name__)
+
+PLAN_VERSION = 1
+
+
+@dataclass
+class Plan:
+    """What the planner chose for one graph, and what it predicted (see the module doc)."""
+
+    hardware: dict[str, Any]
+    budget_bytes: int | None
+    actions: dict[str, str]
+    predictions: dict[str, float]
+    solver: str
+    status: str
+    planning_seconds: float
+    feasible: bool = True
+    graph: str = ""
+    version: int = PLAN_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.version != PLAN_VERSION:
+            raise ValueError(f"fxopt: plan version {self.version} is not supported "
+                             f"(this fxopt reads version {PLAN_VERSION})")
+        bad = {n: a for n, a in self.actions.items() if a not in ACTIONS}
+        if bad:
+            raise ValueError(f"fxopt: plan has unknown actions {bad}; valid: {ACTIONS}")
+
+    @classmethod
+    def from_decision(cls, decision: Decision, hardware: HardwareProfile,
+                      budget_bytes: int | None, **predictions: float) -> Plan:
+        return cls(hardware=hardware.to_dict(), budget_bytes=budget_bytes,
+                   actions=dict(decision.actions),
+                   predictions={"peak_bytes": decision.peak_bytes,
+                                "added_seconds": decision.added_seconds, **predictions},
+                   solver=decision.solver, status=str(decision.details.get("status", "")),
+                   planning_seconds=float(decision.details.get("planning_seconds", 0.0)),
+                   feasible=decision.feasible)
+
+    def profile(self) -> HardwareProfile:
+        return HardwareProfile.from_dict(self.hardware)
+
+    def decider(self) -> Callable[[ActivationProblem], Decision]:
+        """A decider that replays this plan's actions on a problem (the same graph's)."""
+        def replay(problem: ActivationProblem) -> Decision:
+            return evaluate(problem, self.actions, "plan", status="replayed from a plan")
+        return replay
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"fxopt: unknown plan fields {sorted(unknown)}; "
+                             f"valid: {sorted(names)}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"fxopt: {path} is not a plan (bad JSON: {error})") from error
+        if not isinstance(data, dict):
+            raise ValueError(f"fxopt: {path} is not a plan (a JSON object is expected)")
+        return cls.from_dict(data)
+
+
+def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> int:
+    """A peak budget in bytes from an option value: bytes (a bound on the step's predicted
+    peak, weights and gradients included) or a fraction ``f`` of plain autograd's
+    activation memory (the peak when only ``f`` of the activations may stay resident:
+    ``keep_all_peak - (1 - f) * activation_bytes``). Takes ``fxopt.config.MemoryBudget``
+    or a plain int/float."""
+    value_bytes = getattr(budget, "bytes", budget if isinstance(budget, int) else None)
+    fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
+    if isinstance(value_bytes, int) and not isinstance(value_bytes, bool) and value_bytes > 0:
+        return value_bytes
+    if isinstance(fraction, float) and 0 < fraction <= 1:
+        return int(keep_all_peak - (1 - fraction) * activation_bytes)
+    raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes nor a "
+                     "fraction in (0, 1]")
+
+
+def plan_for_joint_graph(joint_gm: fx.GraphModule, num_fwd_outputs: int, options: Any,
+                         hardware: HardwareProfile, *,
+                         time_limit: float = DEFAULT_TIME_LIMIT, name: str = "") -> Plan:
+    """Decide every saved tensor of ``joint_gm`` under ``options.memory_budget``.
+
+    ``options`` is ``fxopt.config.Options`` (or anything with ``memory_budget``); with no
+    budget the plan keeps everything and only records the predictions.
+    """
+    began = time.perf_counter()
+    analysis = activation_problem(joint_gm, num_fwd_outputs, hardware)
+    memory = analysis.memory
+    budget = getattr(options, "memory_budget", None)
+    keep_all = max(analysis.problem.live_bytes, default=memory.baseline_bytes)
+    budget_bytes = (None if budget is None
+                    else budget_bytes_for(budget, keep_all, memory.activation_bytes))
+    problem = ActivationProblem(analysis.problem.live_bytes, analysis.problem.activations,
+                                keep_all if budget_bytes is None else budget_bytes,
+                                analysis.problem.labels)
+    decision = solve_activations(problem, time_limit=time_limit)
+    plan = Plan.from_decision(decision, hardware, budget_bytes,
+                              keep_all_peak_bytes=keep_all,
+                              activation_bytes=memory.activation_bytes,
+                              step_seconds=analysis.step_seconds)
+    plan.graph = name
+    plan.planning_seconds = time.perf_counter() - began
+    plan.extra["saved_tensors_with_choices"] = len(problem.activations)
+    if not plan.feasible:
+        log.warning("fxopt: no plan reaches the memory budget %s for graph %s: the lowest "
+                    "predicted peak is %d bytes", budget, name or "?", plan.predictions[
+                        "peak_bytes"])
+    return plan

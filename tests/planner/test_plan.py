@@ -1,0 +1,98 @@
+"""The joint graph's activation problem, plan_for_joint_graph, and Plan save/load/replay."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from models import Block
+
+from fxopt.analysis import estimate_joint_memory
+from fxopt.config import parse_memory_budget
+from fxopt.planner import peak_bytes, profile_for
+from fxopt.planner.capture import capture_joints
+from fxopt.planner.hardware import KNOWN_GPUS
+from fxopt.planner.joint import activation_problem, step_seconds
+from fxopt.planner.plan import Plan, budget_bytes_for, plan_for_joint_graph
+
+
+@pytest.fixture(scope="module")
+def joint():
+    torch.manual_seed(0)
+    return capture_joints(Block(dim=32, heads=4), (torch.randn(4, 24, 32),))[0]
+
+
+def test_problem_matches_the_memory_simulation(joint):
+    analysis = activation_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
+    estimate = estimate_joint_memory(joint.gm, joint.num_fwd_outputs)
+    problem = analysis.problem
+    assert peak_bytes(problem, {}) == estimate.peak_bytes
+    assert sum(1 for a in problem.activations if a.choices) >= 2
+    assert all(c.action == "recompute" for a in problem.activations for c in a.choices)
+    names = {a.name for a in problem.activations}
+    assert all(set(c.requires) <= names for a in problem.activations for c in a.choices)
+    assert analysis.step_seconds == pytest.approx(step_seconds(joint.gm, profile_for("cpu")))
+    assert analysis.step_seconds > 0
+
+
+def test_gpu_profile_adds_swaps_whose_cost_is_the_unhidden_copy(joint):
+    problem = activation_problem(joint.gm, joint.num_fwd_outputs, KNOWN_GPUS["H100"]).problem
+    swaps = [(a, a.choice("swap")) for a in problem.activations if a.choice("swap")]
+    assert swaps
+    for act, swap in swaps:
+        assert swap.seconds <= 2 * KNOWN_GPUS["H100"].copy_seconds(act.nbytes) + 1e-12
+
+
+def test_plan_meets_a_budget_and_round_trips(joint, tmp_path):
+    estimate = estimate_joint_memory(joint.gm, joint.num_fwd_outputs)
+    budget = parse_memory_budget(0.5)
+    plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs,
+                                SimpleNamespace(memory_budget=budget), profile_for("cpu"),
+                                name="g0")
+    expected = budget_bytes_for(budget, estimate.peak_bytes, estimate.activation_bytes)
+    assert plan.budget_bytes == expected < estimate.peak_bytes
+    assert plan.actions and set(plan.actions.values()) == {"recompute"}
+    assert plan.predictions["keep_all_peak_bytes"] == estimate.peak_bytes
+    if plan.feasible:
+        assert plan.predictions["peak_bytes"] <= expected
+    assert plan.planning_seconds > 0 and plan.graph == "g0"
+
+    loaded = Plan.load(plan.save(tmp_path / "plan.json"))
+    assert loaded == plan and loaded.profile() == profile_for("cpu")
+    problem = activation_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu")).problem
+    replayed = loaded.decider()(problem)
+    assert replayed.actions == plan.actions and replayed.solver == "plan"
+    assert replayed.peak_bytes == plan.predictions["peak_bytes"]
+
+
+def test_without_a_budget_everything_is_kept(joint):
+    plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs,
+                                SimpleNamespace(memory_budget=None), profile_for("cpu"))
+    assert plan.actions == {} and plan.budget_bytes is None and plan.feasible
+
+
+@pytest.mark.parametrize("text, error", [
+    ("not json", "bad JSON"),
+    ("[1, 2]", "JSON object"),
+    (json.dumps({"bogus": 1}), "unknown plan fields"),
+])
+def test_bad_plan_files_are_refused(tmp_path, text, error):
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        Plan.load(path)
+
+
+def test_bad_plan_contents_are_refused():
+    base = dict(hardware={}, budget_bytes=1, actions={}, predictions={}, solver="s",
+                status="", planning_seconds=0.0)
+    with pytest.raises(ValueError, match="version"):
+        Plan(**base, version=99)
+    with pytest.raises(ValueError, match="unknown actions"):
+        Plan(**{**base, "actions": {"a": "delete"}})
+
+
+@pytest.mark.parametrize("budget", [0, -5, 1.5, "6GiB", True])
+def test_bad_budgets_are_refused(budget):
+    with pytest.raises(ValueError, match="memory budget"):
+        budget_bytes_for(budget, 100, 50)

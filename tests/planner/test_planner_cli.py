@@ -1,0 +1,72 @@
+"""``fxopt plan`` and ``fxopt calibrate``, run in-process."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxopt.__main__ import main
+from fxopt.planner import Plan, profile_for
+from fxopt.planner.calibrate import cache_path, calibrate, load_calibrated, save_calibrated
+from fxopt.planner.hardware import CPU_DEFAULT
+
+TARGET = str(Path(__file__).with_name("plan_targets.py"))
+
+
+def test_plan_prints_the_frontier_solves_a_budget_and_fits_a_batch(tmp_path, capsys):
+    plan_path, png = tmp_path / "plan.json", tmp_path / "frontier.png"
+    assert main(["plan", TARGET, "--budget", "1900000", "--points", "4", "--save",
+                 str(plan_path), "--png", str(png), "--dynamic", "--fit", "4MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "keep-all peak" in out and "step ms" in out and "recompute" in out
+    assert "budget 1.81 MiB: predicted peak" in out and "OVER BUDGET" not in out
+    assert "largest s" in out and "that fits in 4.00 MiB" in out
+    plan = Plan.load(plan_path)
+    assert plan.feasible and plan.budget_bytes == 1900000 and plan.actions
+    assert plan.predictions["peak_bytes"] <= 1900000
+    if png.exists():  # matplotlib is optional
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["plan", f"{TARGET}:not_a_pair"], "must return (model, example_inputs)"),
+    (["plan", f"{TARGET}:nope"], "has no function 'nope'"),
+    (["plan", "missing_file.py"], "no such file"),
+    (["plan", TARGET, "--save", "p.json"], "--save needs --budget"),
+    (["plan", TARGET, "--fit", "1GiB"], "needs --dynamic"),
+    (["plan", TARGET, "--budget", "6 gigs"], "memory_budget"),
+])
+def test_plan_refuses_bad_input_with_a_message(argv, error, capsys):
+    assert main(argv) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_calibrate_measures_caches_and_profile_for_uses_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert load_calibrated("cpu") is None and profile_for("cpu") == CPU_DEFAULT
+    assert main(["calibrate", "--device", "cpu", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "TFLOP/s" in out and "Mparams/s" in out and str(cache_path("cpu")) in out
+    profile = profile_for("cpu")
+    assert profile.source == "calibrated" and profile.flops["float32"] > 0
+    assert profile.memory_bandwidth > 0 and profile.host_device_bandwidth is None
+    assert profile_for("cpu", calibrated=False) == CPU_DEFAULT
+    cache_path("cpu").write_text(json.dumps({"bogus": 1}))
+    assert profile_for("cpu") == CPU_DEFAULT  # an unreadable cache is ignored (logged)
+
+
+def test_calibrate_refuses_cuda_without_cuda(tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        calibrate("cuda")
+
+
+@pytest.mark.gpu
+def test_calibrate_on_the_gpu_measures_host_copies(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    profile = calibrate("cuda", size=1024, copy_mib=64, adam_params=1 << 18)
+    assert profile.host_device_bandwidth > 1e9 and profile.flops["bfloat16"] > 1e12
+    save_calibrated(profile, "cuda")
+    assert profile_for("cuda") == profile
