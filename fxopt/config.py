@@ -90,6 +90,9 @@ class Options:
     planner: bool | None = field(default=None, metadata={
         "doc": "let the planner choose the passes' parameters (default: on when "
                "memory_budget is set)"})
+    plan: str | None = field(default=None, metadata={
+        "doc": "a plan JSON file (from `fxopt plan --save` or a debug_dir's "
+               "*_swap_recompute.plan.json): replay its decisions instead of solving"})
     codegen: str = field(default="fx", metadata={
         "doc": "'fx' (fx Python calling aten ops and fxopt kernels) or 'inductor'"})
     strict: bool = field(default=False, metadata={
@@ -192,6 +195,16 @@ def _parse_debug_dir(value: Any) -> str | None:
     raise TypeError(f"fxopt: option 'debug_dir' must be a path (str), got {value!r}")
 
 
+def _parse_plan_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise TypeError(f"fxopt: option 'plan' must be a path to a plan JSON file, got {value!r}")
+    if not os.path.isfile(value):
+        raise ValueError(f"fxopt: option 'plan': no such file {os.fspath(value)!r}")
+    return os.fspath(value)
+
+
 def _parse_rewrite_limit(value: Any) -> Mapping[str, int] | None:
     if value is None:
         return None
@@ -221,6 +234,8 @@ def _parse(name: str, value: Any) -> Any:
         return _parse_choice(name, value, CODEGENS)
     if name == "debug_dir":
         return _parse_debug_dir(value)
+    if name == "plan":
+        return _parse_plan_path(value)
     if name == "rewrite_limit":
         return _parse_rewrite_limit(value)
     raise AssertionError(f"no parser for option {name!r}")  # every field has one above

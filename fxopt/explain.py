@@ -158,14 +158,17 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
     """swap_recompute's plan: predicted peak before/after, and per saved tensor the action,
     its bytes and the step time it is predicted to add."""
     plan = stats.get("plan")
-    if not isinstance(plan, dict) or "tensors" not in plan:
+    tensors = (plan.get("extra") or {}).get("tensors") if isinstance(plan, dict) else None
+    if not tensors:
         return []
     lines = [f"      predicted peak {_mib(stats['peak_before'])} -> "
              f"{_mib(stats['peak_after'])} MiB (bound {_mib(stats['budget_bytes'])} MiB, "
-             f"{'fits' if stats['feasible'] else 'NOT reachable'}; profile {plan['profile']})",
+             f"{'fits' if stats['feasible'] else 'NOT reachable'}; {plan['solver']} "
+             f"({plan['status'] or 'done'}) in {plan['planning_seconds']:.2f} s; "
+             f"profile {plan['hardware']['name']})",
              f"      {'saved tensor':<28}{'action':<11}{'KiB':>10}{'added ms':>11}"]
     lines += [f"      {t['tensor']:<28}{t['action']:<11}{t['bytes'] / 1024:>10.1f}"
-              f"{t['seconds'] * 1e3:>11.4f}" for t in plan["tensors"]]
+              f"{t['seconds'] * 1e3:>11.4f}" for t in tensors]
     return lines
 
 

@@ -38,8 +38,8 @@ PIPELINE: list[PassSpec] = [
     PassSpec(
         name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,),
         run=swap_recompute, issue="#7",
-        default=lambda ctx: ctx.options.memory_budget is not None,
-        default_text="on when memory_budget is set",
+        default=lambda ctx: ctx.options.memory_budget is not None or ctx.options.plan is not None,
+        default_text="on when memory_budget (or plan) is set",
         description="keep, recompute or swap each saved activation (DELTA)"),
     PassSpec(
         name="fuse_elementwise", flag="fuse_elementwise",

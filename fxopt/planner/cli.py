@@ -119,14 +119,13 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source})")
     for index, joint in enumerate(joints):
-        analysis = activation_problem(joint.gm, joint.num_fwd_outputs, hardware)
-        problem = analysis.problem
-        print(f"\ng{index}: keep-all peak {format_bytes(analysis.memory.peak_bytes)}, "
-              f"activations {format_bytes(analysis.memory.activation_bytes)}, predicted "
-              f"step {1e3 * analysis.step_seconds:.3f} ms; {len(problem.activations)} "
-              "saved tensors with choices")
+        analysis, problem = activation_problem(joint.gm, joint.num_fwd_outputs, hardware)
+        step = sum(analysis.step_seconds)
+        print(f"\ng{index}: keep-all peak {format_bytes(analysis.estimate.peak_bytes)}, "
+              f"activations {format_bytes(analysis.estimate.activation_bytes)}, predicted "
+              f"step {1e3 * step:.3f} ms; {len(problem.activations)} saved tensors")
         frontier = pareto_frontier(problem, points=args.points, time_limit=args.time_limit,
-                                   step_seconds=analysis.step_seconds)
+                                   step_seconds=step)
         print(frontier.table())
         if args.png:
             png = Path(args.png)

@@ -1,188 +1,272 @@
-"""From a joint forward+backward graph to the planner's plain data.
+"""Build the saved-activation decision problem (:class:`fxopt.planner.ActivationProblem`)
+from AOTAutograd's joint graph: the one builder, used by the ``swap_recompute`` pass (which
+then applies the decision) and by the planner (``plan_for_joint_graph``, ``fxopt plan``).
 
-:func:`activation_problem` reads a joint graph (as AOTAutograd hands it to the partitioner)
-and builds the :class:`~fxopt.planner.activations.ActivationProblem` the solver decides:
-the live bytes per step from the memory simulation (:func:`fxopt.analysis.estimate_joint_memory`,
-the same timeline the rest of fxopt predicts), and per saved tensor its choices:
+The timeline and the live bytes with everything kept are the memory simulation's
+(:func:`fxopt.analysis.estimate_joint_memory`): forward nodes, then tangents and backward
+nodes. A *saved* tensor is a forward node that a backward node reads. Each saved tensor that
+owns its memory gets one :class:`~fxopt.planner.SavedActivation`; its bytes are those of the
+storage it lives in (a view's base); saved tensors that share one storage (``tanh`` and
+the ``detach`` of it that ``tanh_backward`` reads) form one activation, named after the
+first, recomputed together and swapped only when it is a single tensor. Saved tensors are
+left out (always kept) when freeing them could not free memory:
 
-- **recompute**, when the tensor is one deterministic op whose tensor inputs are the
-  step's inputs (parameters, user inputs) or other saved tensors, which must then be kept
-  (``requires``). Its bytes are free from the step after its last forward use to its first
-  backward use; it costs its roofline time on the hardware profile.
-- **swap**, on a device with separate memory: the copy to the host starts after the last
-  forward use and the prefetch must be back by the first backward use. Compute between
-  those steps hides the copies (Mist's overlap-aware cost): the bytes are free from the
-  step at which the offload has finished behind compute to the step at which the prefetch
-  must start, and the step pays only the copy time that compute in the gap cannot hide.
+- they alias a placeholder (parameters, inputs: caller-owned);
+- a forward output shares their storage (held by the caller to the end of the step).
 
-The unit is a *storage*: saved views (and getitems of split) count as uses of the tensor
-they view, named after the node that allocated it. A storage is left out (always kept)
-when a value sharing it is a graph output (freeing it would free nothing) or when it has
-no choice. This builder is deliberately conservative; the ``swap_recompute`` pass builds a
-richer problem from the same graph (recompute chains) and the solver takes either.
+Choices, each with a window of timeline steps during which the bytes are not resident:
 
-:func:`step_seconds` is the roofline time of the whole joint graph on a profile: the
-predicted step time with everything kept, which the added seconds of a plan add to.
+- ``recompute``: the chain of forward nodes that rebuilds the tensor from placeholders and
+  other saved tensors, which it ``requires`` (kept). Stopping at every saved tensor keeps
+  the window exact: the partitioner rebuilds a recomputed node once, at its first backward
+  use, so a chain through another recomputed tensor would rebuild that one early (measured
+  on a 3-layer MLP: the partitioned step's peak then exceeded the plan's by 5%). Random
+  ops (dropout) are never recomputed: their outputs are saved, so a chain reads them.
+  Window: from after the last forward use of the storage to its first backward use.
+  Seconds: the chain's roofline time.
+- ``swap`` (on CUDA, or when forced): the offload copy runs from the last forward use and
+  the bytes are free once compute of the following steps has covered the copy time; the
+  prefetch is issued as many backward steps ahead of the first use as it takes compute to
+  cover the copy (never before the backward starts). Seconds: the copy time that compute
+  does not hide, both ways (a blocking offload, under Inductor, hides nothing and frees
+  the bytes at once). A tensor must be dense and fill its storage to be swapped.
+
+Step times are rooflines of :func:`fxopt.analysis.node_cost` on a
+:class:`fxopt.planner.HardwareProfile`. On a forced swap on a CPU device (no host-device
+link) copies are timed at the profile's memory bandwidth.
 """
 
 from __future__ import annotations
 
-import logging
 import operator
 from dataclasses import dataclass
 
 import torch
-from torch import fx
+import torch.fx as fx
 
-from fxopt.analysis.cost import is_view_op, node_cost, return_aliases
+from fxopt.analysis.cost import node_cost, return_aliases
 from fxopt.analysis.memory import MemoryEstimate, estimate_joint_memory
-from fxopt.analysis.shapes import storage_nbytes
+from fxopt.analysis.shapes import nbytes, storage_nbytes
 from fxopt.planner.activations import ActivationChoice, ActivationProblem, SavedActivation
 from fxopt.planner.hardware import HardwareProfile
 
-__all__ = ["JointAnalysis", "activation_problem", "node_seconds", "step_seconds"]
+__all__ = ["JointAnalysis", "activation_problem", "analyse_joint", "build_problem",
+           "group_chain", "is_random", "recompute_chain"]
 
-log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
+@dataclass
 class JointAnalysis:
-    """The problem, with what it was built from: the keep-all memory estimate and the
-    step time with everything kept."""
+    """What the pass needs from the joint graph to build a problem and to apply a decision."""
 
-    problem: ActivationProblem
-    memory: MemoryEstimate
-    step_seconds: float
-
-
-def node_seconds(node: fx.Node, hardware: HardwareProfile) -> float:
-    """Roofline time of one node (0 for placeholders, outputs and views)."""
-    if node.op != "call_function":
-        return 0.0
-    cost = node_cost(node)
-    return hardware.compute_seconds(cost.flops, cost.bytes, _dtype(node))
+    estimate: MemoryEstimate
+    step_of: dict[fx.Node, int]        # executed node -> timeline step
+    bw_start: int                      # first backward step
+    saved: list[fx.Node]               # every saved forward node, graph order
+    candidates: dict[str, list[fx.Node]]  # name -> the saved nodes of one storage
+    group_of: dict[fx.Node, str]       # saved node -> its candidate's name
+    base: dict[fx.Node, fx.Node]       # node -> the node owning its storage
+    aliases: dict[fx.Node, list[fx.Node]]  # storage-owning node -> nodes viewing it
+    step_seconds: list[float]
 
 
-def step_seconds(gm: fx.GraphModule, hardware: HardwareProfile) -> float:
-    """Roofline time of every node of ``gm``: the predicted time of one step of it."""
-    return sum(node_seconds(n, hardware) for n in gm.graph.nodes)
+def is_random(node: fx.Node) -> bool:
+    """A node whose values come from the RNG (or a getitem of one)."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return is_random(node.args[0])
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
 
 
-def activation_problem(joint_gm: fx.GraphModule, num_fwd_outputs: int,
-                       hardware: HardwareProfile, budget_bytes: int = 0) -> JointAnalysis:
-    """The saved-activation problem of ``joint_gm`` on ``hardware`` (see the module doc)."""
-    memory = estimate_joint_memory(joint_gm, num_fwd_outputs)
-    labels = tuple(label for label, _ in memory.timeline)
-    step_of = {label.split(":", 1)[1]: i for i, label in enumerate(labels)}
-    nodes = {n.name: n for n in joint_gm.graph.nodes}
-    is_bw = [label.startswith("bw:") for label in labels]
-    seconds = [node_seconds(nodes[label.split(":", 1)[1]], hardware) for label in labels]
-    prefix = [0.0]
-    for s in seconds:
-        prefix.append(prefix[-1] + s)
-
-    roots = _storage_roots(joint_gm)
-    group: dict[fx.Node, list[fx.Node]] = {}
-    for node, root in roots.items():
-        group.setdefault(root, []).append(node)
-    saved_roots = {roots[nodes[label[3:]]] for label in labels if label.startswith("fw:")
-                   and any(is_bw[step_of[u.name]] for u in nodes[label[3:]].users
-                           if u.name in step_of)}
-    saved_names = {r.name for r in saved_roots}
-    outputs = _output_names(joint_gm)
-    acts = []
-    for root in sorted(saved_roots, key=lambda r: step_of.get(r.name, -1)):
-        val = root.meta.get("val")
-        members = group[root]
-        if (root.name not in step_of or not isinstance(val, torch.Tensor)
-                or any(m.name in outputs for m in members)):
-            continue  # a step input, a non-tensor, or returned to the caller
-        uses = [step_of[u.name] for m in members for u in m.users if u.name in step_of]
-        last_fw = max([step_of[root.name], *(t for t in uses if not is_bw[t])])
-        first_bw = min(t for t in uses if is_bw[t])
-        nbytes = storage_nbytes(val)
-        choices = [c for c in (
-            _recompute(root, last_fw, first_bw, roots, saved_names, hardware),
-            _swap(nbytes, last_fw, first_bw, prefix, hardware)) if c is not None]
-        acts.append(SavedActivation(root.name, nbytes, tuple(choices) if nbytes else ()))
-    # Keep in the problem the storages with a choice, and those a recompute reads (with no
-    # choice: kept); a recompute reading a storage left out (returned) is dropped.
-    names = {a.name for a in acts}
-    acts = [SavedActivation(a.name, a.nbytes, tuple(
-        c for c in a.choices if set(c.requires) <= names)) for a in acts]
-    required = {dep for a in acts for c in a.choices for dep in c.requires}
-    acts = [a for a in acts if a.choices or a.name in required]
-    problem = ActivationProblem(tuple(v for _, v in memory.timeline), tuple(acts),
-                                budget_bytes, labels)
-    log.debug("activation problem: %d steps, %d of %d saved storages with choices",
-              len(labels), len(acts), len(saved_roots))
-    return JointAnalysis(problem, memory, prefix[-1])
+def _recomputable(node: fx.Node) -> bool:
+    if node.op != "call_function" or is_random(node):
+        return False
+    if node.target is operator.getitem:
+        return _recomputable(node.args[0]) if isinstance(node.args[0], fx.Node) else False
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or schema.is_mutable:
+        return False
+    return getattr(node.target, "namespace", "") == "aten"
 
 
-def _recompute(node: fx.Node, last_fw: int, first_bw: int, roots: dict[fx.Node, fx.Node],
-               saved: set[str], hardware: HardwareProfile) -> ActivationChoice | None:
-    if node.op != "call_function" or first_bw <= last_fw + 1:
+def recompute_chain(node: fx.Node, stop: set[fx.Node]) -> tuple[list[fx.Node], set[fx.Node]]:
+    """Nodes that rebuild ``node``, walking back until placeholders or ``stop`` nodes.
+
+    Returns (chain, inputs it reads from ``stop``); raises ValueError when the walk meets a
+    node it may not recompute (random, mutating, not aten) that is not in ``stop``.
+    """
+    chain: list[fx.Node] = []
+    reads: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            continue
+        if n is not node and n in stop:
+            reads.add(n)
+            continue
+        if not _recomputable(n):
+            raise ValueError(f"{n.name} ({n.target}) cannot be recomputed")
+        chain.append(n)
+        todo.extend(n.all_input_nodes)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return sorted(chain, key=order.__getitem__), reads
+
+
+def _base(node: fx.Node, memo: dict[fx.Node, fx.Node]) -> fx.Node:
+    if node in memo:
+        return memo[node]
+    base = node
+    if node.op == "call_function" and node.target is not operator.getitem:
+        sources = return_aliases(node)
+        if len(sources) == 1 and isinstance(sources[0], fx.Node):
+            base = _base(sources[0], memo)
+    memo[node] = base
+    return base
+
+
+def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
+                  profile: HardwareProfile) -> JointAnalysis:
+    estimate = estimate_joint_memory(gm, num_fwd_outputs)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    step_of = {by_name[label.split(":", 1)[1]]: i
+               for i, (label, _) in enumerate(estimate.timeline)}
+    bw_start = next((i for i, (label, _) in enumerate(estimate.timeline)
+                     if label.startswith("bw:")), len(estimate.timeline))
+    forward = {n for n, s in step_of.items() if s < bw_start}
+    saved = [n for n in gm.graph.nodes if n in forward and n.op != "placeholder"
+             and isinstance(n.meta.get("val"), torch.Tensor)
+             and any(u in step_of and step_of[u] >= bw_start for u in n.users)]
+    memo: dict[fx.Node, fx.Node] = {}
+    base = {n: _base(n, memo) for n in gm.graph.nodes}
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    held = {base[n] for n in output.all_input_nodes}
+    aliases: dict[fx.Node, list[fx.Node]] = {}
+    for n, b in base.items():
+        aliases.setdefault(b, []).append(n)
+    by_base: dict[fx.Node, list[fx.Node]] = {}
+    for n in saved:
+        by_base.setdefault(base[n], []).append(n)
+    candidates = {group[0].name: group for b, group in by_base.items()
+                  if b.op != "placeholder" and b not in held}
+    group_of = {n: name for name, group in candidates.items() for n in group}
+    step_seconds = [0.0] * len(estimate.timeline)
+    for n, s in step_of.items():
+        if n.op == "call_function":
+            cost = node_cost(n)
+            val = n.meta.get("val")
+            dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+            step_seconds[s] = profile.compute_seconds(
+                cost.flops, cost.bytes_read + cost.bytes_written, dtype)
+    return JointAnalysis(estimate, step_of, bw_start, saved, candidates, group_of, base,
+                         aliases, step_seconds)
+
+
+def _last_forward_use(a: JointAnalysis, node: fx.Node) -> int:
+    aliases = a.aliases[a.base[node]]
+    steps = [a.step_of[n] for n in aliases if n in a.step_of and a.step_of[n] < a.bw_start]
+    steps += [a.step_of[u] for n in aliases for u in n.users
+              if u in a.step_of and a.step_of[u] < a.bw_start]
+    return max(steps)
+
+
+def _first_backward_use(a: JointAnalysis, group: list[fx.Node]) -> int:
+    return min(a.step_of[u] for node in group for u in node.users
+               if u in a.step_of and a.step_of[u] >= a.bw_start)
+
+
+def group_chain(a: JointAnalysis, name: str) -> tuple[list[fx.Node], set[fx.Node]]:
+    """The recompute chain of a candidate (all its saved nodes) and the other saved
+    nodes it reads; ValueError when it cannot be recomputed."""
+    group = a.candidates[name]
+    stop = set(a.saved) - set(group)
+    chain: dict[fx.Node, None] = {}
+    reads: set[fx.Node] = set()
+    for node in group:
+        nodes, read = recompute_chain(node, stop)
+        chain.update(dict.fromkeys(nodes))
+        reads |= read
+    order = {n: i for i, n in enumerate(group[0].graph.nodes)}
+    return sorted(chain, key=order.__getitem__), reads
+
+
+def _chains(a: JointAnalysis) -> dict[str, tuple[list[fx.Node], set[fx.Node]]]:
+    """Each candidate's recompute chain and the saved values it reads (no entry: it cannot
+    be recomputed)."""
+    chains = {}
+    for name in a.candidates:
+        try:
+            chains[name] = group_chain(a, name)
+        except ValueError:
+            continue
+    return chains
+
+
+def _recompute_choice(a: JointAnalysis, chain: list[fx.Node], reads: set[fx.Node],
+                      last_fw: int, end: int) -> ActivationChoice | None:
+    if end <= last_fw + 1:
         return None
-    target = node.target
-    if (not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable
-            or torch.Tag.nondeterministic_seeded in target.tags):
+    seconds = sum(a.step_seconds[a.step_of[n]] for n in chain if n in a.step_of)
+    requires = tuple(sorted({a.group_of[n] for n in reads if n in a.group_of}))
+    return ActivationChoice("recompute", (last_fw + 1, end), seconds, requires)
+
+
+def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first_bw: int,
+                 profile: HardwareProfile, blocking: bool) -> ActivationChoice | None:
+    val = node.meta["val"]
+    dense = val.is_contiguous() or (
+        val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last))
+    if not dense or nbytes(val) != size:
         return None
-    requires = []
-    for arg in node.all_input_nodes:
-        root = roots[arg]
-        if root.op == "placeholder" and not root.name.startswith("tangents"):
-            continue  # parameters and inputs live through the step
-        if root.name not in saved:
-            return None  # an input freed after the forward: recomputing it is a chain
-        requires.append(root.name)
-    return ActivationChoice("recompute", (last_fw + 1, first_bw),
-                            node_seconds(node, hardware), tuple(dict.fromkeys(requires)))
-
-
-def _swap(nbytes: int, last_fw: int, first_bw: int, prefix: list[float],
-          hardware: HardwareProfile) -> ActivationChoice | None:
-    copy = hardware.copy_seconds(nbytes)
-    if copy is None or first_bw <= last_fw + 1:
+    copy = profile.copy_seconds(size)
+    if copy is None:  # forced on a device without a host link: a memory-speed copy
+        copy = size / profile.memory_bandwidth
+    steps = len(a.step_seconds)
+    start, hidden_out = last_fw + 1, 0.0
+    while not blocking and hidden_out < copy and start < steps:
+        hidden_out += a.step_seconds[start]
+        start += 1
+    end, hidden_in = first_bw, 0.0
+    while hidden_in < copy and end > a.bw_start:
+        end -= 1
+        hidden_in += a.step_seconds[end]
+    if start >= end:
         return None
-    gap = prefix[first_bw] - prefix[last_fw + 1]
-    if gap >= 2 * copy:
-        # Offload finished at the first step whose start is >= copy seconds into the gap;
-        # the prefetch starts at the last step that leaves >= copy seconds before first_bw.
-        start = next(t for t in range(last_fw + 1, first_bw + 1)
-                     if prefix[t] - prefix[last_fw + 1] >= copy)
-        end = next(t for t in range(first_bw, last_fw, -1)
-                   if prefix[first_bw] - prefix[t] >= copy)
-        return ActivationChoice("swap", (start, end), 0.0) if start < end else None
-    # The copies do not fit behind compute: the step waits for what they leave unhidden.
-    return ActivationChoice("swap", (last_fw + 1, first_bw), max(0.0, 2 * copy - gap))
+    seconds = max(0.0, copy - hidden_out) + max(0.0, copy - hidden_in)
+    return ActivationChoice("swap", (start, end), seconds)
 
 
-def _output_names(gm: fx.GraphModule) -> set[str]:
-    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    names: set[str] = set()
-    fx.node.map_arg(out.args[0], lambda n: names.add(n.name) or n)
-    return names
+def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile, *,
+                  recompute: bool = True, swap: bool = False,
+                  blocking_offload: bool = False) -> ActivationProblem:
+    """The decision problem: one SavedActivation per candidate, with the allowed choices."""
+    chains = _chains(a) if recompute else {}
+    activations = []
+    for name, group in a.candidates.items():
+        node = group[0]
+        size = storage_nbytes(a.base[node].meta["val"])
+        last_fw, first_bw = _last_forward_use(a, node), _first_backward_use(a, group)
+        choices = []
+        if name in chains and (c := _recompute_choice(a, *chains[name], last_fw, first_bw)):
+            choices.append(c)
+        if swap and len(group) == 1 and (
+                c := _swap_choice(a, node, size, last_fw, first_bw, profile,
+                                  blocking_offload)):
+            choices.append(c)
+        activations.append(SavedActivation(name, size, tuple(choices)))
+    return ActivationProblem(
+        live_bytes=tuple(b for _, b in a.estimate.timeline), activations=tuple(activations),
+        budget_bytes=budget_bytes, labels=tuple(label for label, _ in a.estimate.timeline))
 
 
-def _storage_roots(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
-    """Each node -> the node whose storage it uses: itself, or for a view (and getitem of
-    a view-returning op such as split) the root of the tensor it views."""
-    roots: dict[fx.Node, fx.Node] = {}
-    for node in gm.graph.nodes:
-        source = None
-        if node.op == "call_function" and node.target is operator.getitem:
-            parent = node.args[0]
-            aliases = return_aliases(parent) if isinstance(parent, fx.Node) else []
-            source = aliases[0] if len(aliases) == 1 else None
-        elif node.op == "call_function" and is_view_op(node.target):
-            aliases = return_aliases(node)
-            source = aliases[0] if aliases else None
-        roots[node] = roots.get(source, node) if isinstance(source, fx.Node) else node
-    return roots
-
-
-def _dtype(node: fx.Node) -> torch.dtype:
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)):
-        val = next((v for v in val if isinstance(v, torch.Tensor)), None)
-    return val.dtype if isinstance(val, torch.Tensor) else torch.float32
+def activation_problem(gm: fx.GraphModule, num_fwd_outputs: int, profile: HardwareProfile,
+                       budget_bytes: int | None = None) -> tuple[JointAnalysis, ActivationProblem]:
+    """The planner's view of a joint graph: recompute choices everywhere, swap choices where
+    the device has memory of its own; the budget defaults to the keep-all peak."""
+    analysis = analyse_joint(gm, num_fwd_outputs, profile)
+    budget = analysis.estimate.peak_bytes if budget_bytes is None else budget_bytes
+    return analysis, build_problem(analysis, budget, profile,
+                                   swap=profile.host_device_bandwidth is not None)

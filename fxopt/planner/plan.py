@@ -13,6 +13,7 @@ never edits the graph; the ``swap_recompute`` pass applies the plan's actions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -76,7 +77,11 @@ class Plan:
     def decider(self) -> Callable[[ActivationProblem], Decision]:
         """A decider that replays this plan's actions on a problem (the same graph's)."""
         def replay(problem: ActivationProblem) -> Decision:
-            return evaluate(problem, self.actions, "plan", status="replayed from a plan")
+            try:
+                return evaluate(problem, self.actions, "plan", status="replayed from a plan")
+            except (KeyError, ValueError) as error:
+                raise ValueError(f"fxopt: the plan of graph {self.graph or '?'} does not "
+                                 f"match this graph ({error}); plan it again") from error
         return replay
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,20 +137,19 @@ def plan_for_joint_graph(joint_gm: fx.GraphModule, num_fwd_outputs: int, options
     budget the plan keeps everything and only records the predictions.
     """
     began = time.perf_counter()
-    analysis = activation_problem(joint_gm, num_fwd_outputs, hardware)
-    memory = analysis.memory
+    analysis, problem = activation_problem(joint_gm, num_fwd_outputs, hardware)
+    memory = analysis.estimate
     budget = getattr(options, "memory_budget", None)
-    keep_all = max(analysis.problem.live_bytes, default=memory.baseline_bytes)
+    keep_all = max(problem.live_bytes, default=memory.baseline_bytes)
     budget_bytes = (None if budget is None
                     else budget_bytes_for(budget, keep_all, memory.activation_bytes))
-    problem = ActivationProblem(analysis.problem.live_bytes, analysis.problem.activations,
-                                keep_all if budget_bytes is None else budget_bytes,
-                                analysis.problem.labels)
+    problem = dataclasses.replace(problem, budget_bytes=keep_all if budget_bytes is None
+                                  else budget_bytes)
     decision = solve_activations(problem, time_limit=time_limit)
     plan = Plan.from_decision(decision, hardware, budget_bytes,
                               keep_all_peak_bytes=keep_all,
                               activation_bytes=memory.activation_bytes,
-                              step_seconds=analysis.step_seconds)
+                              step_seconds=sum(analysis.step_seconds))
     plan.graph = name
     plan.planning_seconds = time.perf_counter() - began
     plan.extra["saved_tensors_with_choices"] = len(problem.activations)

@@ -12,7 +12,7 @@ from fxopt.config import parse_memory_budget
 from fxopt.planner import peak_bytes, profile_for
 from fxopt.planner.capture import capture_joints
 from fxopt.planner.hardware import KNOWN_GPUS
-from fxopt.planner.joint import activation_problem, step_seconds
+from fxopt.planner.joint import activation_problem
 from fxopt.planner.plan import Plan, budget_bytes_for, plan_for_joint_graph
 
 
@@ -23,20 +23,18 @@ def joint():
 
 
 def test_problem_matches_the_memory_simulation(joint):
-    analysis = activation_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
+    analysis, problem = activation_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
     estimate = estimate_joint_memory(joint.gm, joint.num_fwd_outputs)
-    problem = analysis.problem
     assert peak_bytes(problem, {}) == estimate.peak_bytes
     assert sum(1 for a in problem.activations if a.choices) >= 2
     assert all(c.action == "recompute" for a in problem.activations for c in a.choices)
     names = {a.name for a in problem.activations}
     assert all(set(c.requires) <= names for a in problem.activations for c in a.choices)
-    assert analysis.step_seconds == pytest.approx(step_seconds(joint.gm, profile_for("cpu")))
-    assert analysis.step_seconds > 0
+    assert sum(analysis.step_seconds) > 0
 
 
 def test_gpu_profile_adds_swaps_whose_cost_is_the_unhidden_copy(joint):
-    problem = activation_problem(joint.gm, joint.num_fwd_outputs, KNOWN_GPUS["H100"]).problem
+    _, problem = activation_problem(joint.gm, joint.num_fwd_outputs, KNOWN_GPUS["H100"])
     swaps = [(a, a.choice("swap")) for a in problem.activations if a.choice("swap")]
     assert swaps
     for act, swap in swaps:
@@ -59,7 +57,7 @@ def test_plan_meets_a_budget_and_round_trips(joint, tmp_path):
 
     loaded = Plan.load(plan.save(tmp_path / "plan.json"))
     assert loaded == plan and loaded.profile() == profile_for("cpu")
-    problem = activation_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu")).problem
+    _, problem = activation_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
     replayed = loaded.decider()(problem)
     assert replayed.actions == plan.actions and replayed.solver == "plan"
     assert replayed.peak_bytes == plan.predictions["peak_bytes"]

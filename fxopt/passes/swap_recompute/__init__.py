@@ -2,13 +2,14 @@
 
 At the JOINT stage (AOTAutograd's joint forward+backward graph, before the partitioner):
 
-1. :mod:`.problem` builds an :class:`fxopt.planner.ActivationProblem` from the graph: the
+1. :mod:`fxopt.planner.joint` builds an :class:`fxopt.planner.ActivationProblem` from the graph: the
    memory simulation's timeline with everything kept, one ``SavedActivation`` per saved
    tensor with a ``recompute`` choice and, on CUDA (or with ``force_swap``), a ``swap``
    choice, and the budget as a bound on the predicted peak of the step;
 2. a decider, any ``Callable[[ActivationProblem], Decision]``, picks the actions;
-   :func:`choose_decider` is the one place that says which (today the DELTA-style
-   :func:`.delta.decide_delta`; the planner's MILP plugs in there with the same signature);
+   :func:`choose_decider` is the one place that says which: the planner's MILP when the
+   planner is on (the default with a budget), the DELTA-style heuristic
+   (:func:`.delta.decide_delta`) with ``planner=False``, or a saved plan's actions;
 3. :mod:`.apply` rewrites the joint graph (recompute tags, swap ops); the partitioner then
    saves what the decision keeps, and the compiler places the prefetches in the backward.
 
@@ -36,8 +37,9 @@ from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
 from fxopt.passes.swap_recompute.delta import decide_delta
-from fxopt.passes.swap_recompute.problem import analyse_joint, build_problem
-from fxopt.planner import ActivationProblem, Decision, profile_for
+from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activations
+from fxopt.planner.joint import analyse_joint, build_problem
+from fxopt.planner.plan import Plan, budget_bytes_for
 
 __all__ = ["swap_recompute", "choose_decider", "budget_bound", "InfeasibleBudget",
            "place_prefetches", "SWAP_OPS"]
@@ -51,31 +53,51 @@ class InfeasibleBudget(RuntimeError):
     """No plan reaches ``memory_budget`` (raised under ``strict``)."""
 
 
-def choose_decider(ctx: PassContext) -> Decider:
-    """Who decides the actions. The one place to plug in another decider."""
+def choose_decider(ctx: PassContext, plan: Plan | None = None) -> Decider:
+    """Who decides the actions, the one place that says so: a saved plan (``plan`` option)
+    replays its actions; with the planner on (the default whenever a budget is given) the
+    MILP (:func:`fxopt.planner.solve_activations`) finds the fastest plan within the
+    budget; otherwise (``planner=False``) the DELTA-style heuristic
+    (:func:`.delta.decide_delta`)."""
+    if plan is not None:
+        return plan.decider()
+    if ctx.options.planner_enabled:
+        return solve_activations
     return decide_delta
 
 
 def budget_bound(budget: MemoryBudget, estimate: MemoryEstimate) -> int:
     """The bound on the predicted step peak that ``budget`` stands for."""
-    if budget.bytes is not None:
-        return budget.bytes
-    return estimate.peak_bytes - round((1.0 - budget.fraction) * estimate.activation_bytes)
+    return budget_bytes_for(budget, estimate.peak_bytes, estimate.activation_bytes)
 
 
 def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     budget = ctx.options.memory_budget
-    if budget is None:
+    saved_plan = Plan.load(ctx.options.plan) if ctx.options.plan is not None else None
+    if budget is None and saved_plan is None:
         return PassResult(gm, False, {"reason": "no memory_budget set: nothing to bound"})
     profile = profile_for(ctx.device)
     force_swap = ctx.options.force_swap
     analysis = analyse_joint(gm, ctx.facts["num_fwd_outputs"], profile)
     estimate = analysis.estimate
-    problem = build_problem(analysis, budget_bound(budget, estimate), profile,
+    if budget is not None:
+        bound = budget_bound(budget, estimate)
+    else:
+        bound = saved_plan.budget_bytes or estimate.peak_bytes
+        budget = MemoryBudget(bytes=bound)
+    problem = build_problem(analysis, bound, profile,
                             recompute=not force_swap, swap=ctx.is_cuda or force_swap,
                             blocking_offload=ctx.options.codegen == "inductor")
-    decision = choose_decider(ctx)(problem)
-    stats = _stats(budget, estimate, problem, decision, profile.name)
+    decision = choose_decider(ctx, saved_plan)(problem)
+    stats = _stats(budget, estimate, problem, decision)
+    plan = Plan.from_decision(decision, profile, bound,
+                              keep_all_peak_bytes=estimate.peak_bytes,
+                              activation_bytes=estimate.activation_bytes,
+                              step_seconds=sum(analysis.step_seconds))
+    plan.graph = ctx.graph_name
+    plan.extra["tensors"] = _tensor_rows(problem, decision)
+    if decision.actions:  # the plan in the report and the debug dump, loadable by `plan`
+        stats["plan"] = plan.to_dict()
     if not decision.feasible:
         message = (f"fxopt: swap_recompute cannot fit {ctx.graph_name} in memory_budget "
                    f"{budget} (a predicted peak of {_mib(problem.budget_bytes)} MiB): the "
@@ -97,21 +119,26 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.3g}"
 
 
-def _stats(budget: MemoryBudget, estimate: MemoryEstimate, problem: ActivationProblem,
-           decision: Decision, profile: str) -> dict[str, object]:
-    counts = {a: sum(1 for v in decision.actions.values() if v == a)
-              for a in ("recompute", "swap")}
-    tensors = []
+def _tensor_rows(problem: ActivationProblem, decision: Decision) -> list[dict[str, object]]:
+    """Per saved tensor: its action, bytes and predicted added seconds (explain's table)."""
+    rows = []
     for act in problem.activations:
         action = decision.actions.get(act.name, "keep")
         choice = act.choice(action) if action != "keep" else None
-        tensors.append({"tensor": act.name, "bytes": act.nbytes, "action": action,
-                        "seconds": choice.seconds if choice else 0.0})
+        rows.append({"tensor": act.name, "bytes": act.nbytes, "action": action,
+                     "seconds": choice.seconds if choice else 0.0})
+    return rows
+
+
+def _stats(budget: MemoryBudget, estimate: MemoryEstimate, problem: ActivationProblem,
+           decision: Decision) -> dict[str, object]:
+    counts = {a: sum(1 for v in decision.actions.values() if v == a)
+              for a in ("recompute", "swap")}
     return {
         "budget": str(budget), "budget_bytes": problem.budget_bytes,
         "peak_before": estimate.peak_bytes, "peak_after": decision.peak_bytes,
-        "feasible": decision.feasible, "recompute": counts["recompute"],
-        "swap": counts["swap"], "kept": len(problem.activations) - len(decision.actions),
+        "feasible": decision.feasible, "solver": decision.solver,
+        "recompute": counts["recompute"], "swap": counts["swap"],
+        "kept": len(problem.activations) - len(decision.actions),
         "added_ms": round(decision.added_seconds * 1e3, 4),
-        "plan": {"decision": decision.to_dict(), "profile": profile, "tensors": tensors},
     }

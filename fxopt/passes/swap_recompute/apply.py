@@ -33,8 +33,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 import fxopt.runtime  # noqa: F401  (registers the fxopt::swap_* ops)
 from fxopt import _compat
 from fxopt.passes.base import PassContext
-from fxopt.passes.swap_recompute.problem import JointAnalysis, group_chain
 from fxopt.planner import ActivationProblem, Decision
+from fxopt.planner.joint import JointAnalysis, group_chain
 
 __all__ = ["apply_decision", "place_prefetches", "SWAP_OPS"]
 
