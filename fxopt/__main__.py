@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fxopt.debug.cli import add_diff_command
 
     add_diff_command(commands)
+    from fxopt.profile.cli import add_profile_command
+
+    add_profile_command(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 
