@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fxopt.profile.cli import add_profile_command
 
     add_profile_command(commands)
+    from fxopt.bench.cli import add_bench_command
+
+    add_bench_command(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 
