@@ -79,3 +79,13 @@ def test_smoke_default_skips_workloads_whose_tiny_model_is_another():
     assert "gpt2-medium" not in names and "bert-large" not in names and "lstm-lm" in names
     assert len(get_workloads(None)) == len(WORKLOADS)
     assert [w.name for w in get_workloads(["bert-large"], smoke=True)] == ["bert-large"]
+
+
+@pytest.mark.gpu
+def test_cuda_measurement_under_a_memory_fraction():
+    settings = Settings(smoke=True, device=torch.device("cuda"), warmup=1, steps=3,
+                        memory_cap=2**28, max_batch=4096)
+    for config in get_configs(["eager", "fxopt"]):
+        result = measure(WORKLOADS["lstm-lm"], config, settings)
+        assert result.status == "ok", result.error
+        assert 0 < result.peak_bytes <= 2**28 and result.max_batch >= result.batch
