@@ -2,7 +2,8 @@
 
 Subcommands: ``passes`` lists every pass with its stage, flag, default and availability,
 and the options with their documentation; ``diff`` shows what each pass did to each graph
-of a ``debug_dir`` dump (`fxopt.debug.cli`).
+of a ``debug_dir`` dump (`fxopt.debug.cli`); ``profile`` breaks a training step's memory
+into categories (`fxopt.profile.cli`); ``bench`` runs the benchmark suite (`fxopt.bench.cli`).
 """
 
 from __future__ import annotations
