@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Settings:
+    """How to measure. ``warmup`` untimed steps (the first, which compiles, always is
+    one), then ``steps`` timed ones; ``memory_cap`` None skips the largest-batch search,
+    which tries batches up to ``max_batch``."""
+
     smoke: bool
     device: torch.device
     warmup: int = 2
