@@ -2,7 +2,10 @@
 
 Subcommands: ``passes`` lists every pass with its stage, flag, default and availability,
 and the options with their documentation; ``diff`` shows what each pass did to each graph
-of a ``debug_dir`` dump (`fxopt.debug.cli`).
+of a ``debug_dir`` dump (`fxopt.debug.cli`); ``profile`` breaks a training step's memory
+into categories (`fxopt.profile.cli`); ``bench`` runs the benchmark suite (`fxopt.bench.cli`);
+``plan`` prints the planner's time-vs-memory frontier and ``calibrate`` measures the device
+(`fxopt.planner.cli`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fxopt.planner.cli import add_planner_commands
 
     add_planner_commands(commands)
+    from fxopt.profile.cli import add_profile_command
+
+    add_profile_command(commands)
+    from fxopt.bench.cli import add_bench_command
+
+    add_bench_command(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 

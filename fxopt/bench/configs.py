@@ -1,0 +1,129 @@
+"""The configurations each workload runs under: the baselines a user would pick instead
+of fxopt (eager, Inductor, Inductor with ``activation_memory_budget``, activation
+checkpointing with ``torch.utils.checkpoint``) and fxopt (defaults, each *available* pass
+alone, memory budgets). swap_recompute acts only under a budget, so it runs in the budget
+configurations; offload_optimizer's configuration also wraps the optimizer. Passes that are
+not built yet (``PassSpec.available``) get no configuration; :func:`unavailable_passes`
+lists them for the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxopt.bench.workloads import Workload
+
+__all__ = ["Config", "all_configs", "get_configs", "unavailable_passes"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """``prepare(model, workload)`` returns the model to train (compiled, wrapped);
+    ``context()`` is entered around every step (a compiler setting, for example);
+    ``optimizer(optimizer, model)`` returns the optimizer to step (wrapped, for example)."""
+
+    name: str
+    kind: str   # "baseline" or "fxopt"
+    prepare: Callable[[nn.Module, Workload], nn.Module]
+    context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    optimizer: Callable[[torch.optim.Optimizer, nn.Module], torch.optim.Optimizer] = (
+        lambda optimizer, model: optimizer)
+
+
+def _eager(model: nn.Module, workload: Workload) -> nn.Module:
+    return model
+
+
+def _inductor(model: nn.Module, workload: Workload) -> nn.Module:
+    return torch.compile(model, backend="inductor")
+
+
+@contextlib.contextmanager
+def _activation_budget(fraction: float) -> Iterator[None]:
+    """torch's knob for the min-cut partitioner's saved-activation budget (a fraction of
+    what it would save otherwise); a private config module, so looked up here only."""
+    from torch._functorch import config as functorch_config
+
+    with functorch_config.patch(activation_memory_budget=fraction):
+        yield
+
+
+def _checkpointed(model: nn.Module, workload: Workload) -> nn.Module:
+    """Each repeated block recomputes its forward in backward (non-reentrant checkpoint)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in workload.checkpoint_layers(model):
+        forward = layer.forward
+
+        @functools.wraps(forward)
+        def wrapped(*args: Any, _forward: Callable[..., Any] = forward, **kwargs: Any) -> Any:
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = wrapped
+    return model
+
+
+def _fxopt(**options: Any) -> Callable[[nn.Module, Workload], nn.Module]:
+    def prepare(model: nn.Module, workload: Workload) -> nn.Module:
+        import fxopt
+
+        return torch.compile(model, backend=fxopt.backend(**options))
+    return prepare
+
+
+def _offloaded(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    """Half of the optimizer state on the host (a forced split: the automatic plan keeps
+    everything on a device where it fits, which would measure nothing)."""
+    import fxopt
+
+    return fxopt.optim.offload(optimizer, model=model, cpu_fraction=0.5)
+
+
+def all_configs() -> list[Config]:
+    """Every configuration, baselines first; one per available pass."""
+    from fxopt.passes import PIPELINE
+
+    configs = [
+        Config("eager", "baseline", _eager),
+        Config("inductor", "baseline", _inductor),
+        Config("inductor-budget-0.5", "baseline", _inductor,
+               functools.partial(_activation_budget, 0.5)),
+        Config("checkpoint", "baseline", _checkpointed),
+        Config("fxopt", "fxopt", _fxopt()),
+    ]
+    for spec in PIPELINE:
+        if not (spec.available and spec.flag) or spec.name == "swap_recompute":
+            continue  # swap_recompute acts under a budget: the fxopt-budget-* configurations
+        configs.append(Config(f"fxopt+{spec.name}", "fxopt", _fxopt(**{spec.flag: True}),
+                              optimizer=_offloaded if spec.name == "offload_optimizer"
+                              else Config.optimizer))
+    configs += [Config(f"fxopt-budget-{fraction}", "fxopt", _fxopt(memory_budget=fraction))
+                for fraction in (0.5, 0.25)]
+    return configs
+
+
+def unavailable_passes() -> list[str]:
+    """Passes listed in the pipeline but not built yet: no configuration runs them."""
+    from fxopt.passes import PIPELINE
+
+    return [f"{spec.name} ({spec.issue})" for spec in PIPELINE if not spec.available]
+
+
+def get_configs(names: list[str] | None) -> list[Config]:
+    """The named configurations (all when ``names`` is None); an unknown name raises."""
+    configs = {c.name: c for c in all_configs()}
+    if names is None:
+        return list(configs.values())
+    unknown = [n for n in names if n not in configs]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {unknown}; configurations: "
+                         f"{list(configs)} (passes not available yet: "
+                         f"{unavailable_passes() or 'none'})")
+    return [configs[n] for n in names]

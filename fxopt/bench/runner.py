@@ -1,0 +1,96 @@
+"""Run workloads x configurations with progress, and write the results (JSON, markdown,
+charts). Each pair is measured in isolation (a fresh model, Dynamo reset between pairs);
+a pair that fails is recorded as failed with its error and the run goes on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import platform
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from fxopt.bench.configs import Config, unavailable_passes
+from fxopt.bench.measure import Measurement, Settings, measure
+from fxopt.bench.report import markdown, plot_workloads, write_json
+from fxopt.bench.workloads import Workload
+
+__all__ = ["Suite", "run_suite"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Suite:
+    """What a run wrote: its results and the paths of its JSON, markdown and charts."""
+
+    def __init__(self, results: list[Measurement], json_path: Path, markdown_path: Path,
+                 charts: list[Path], report: str) -> None:
+        self.results, self.json_path, self.markdown_path = results, json_path, markdown_path
+        self.charts, self.report = charts, report
+
+
+def _progress(items: Sequence[T], enabled: bool) -> Iterator[T]:
+    """tqdm's bar when it is installed and wanted, else a log line per item."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            pass
+        else:
+            bar = tqdm(items, desc="fxopt bench", unit="run", file=sys.stderr)
+            for item in bar:
+                bar.set_postfix_str(f"{item[0].name} / {item[1].name}")  # type: ignore[index]
+                yield item
+            return
+    for i, item in enumerate(items, 1):
+        log.info("bench %d/%d: %s / %s", i, len(items), item[0].name, item[1].name)  # type: ignore[index]
+        yield item
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def run_suite(workloads: Iterable[Workload], configs: Iterable[Config], settings: Settings,
+              out: Path, *, command: str, progress: bool = True) -> Suite:
+    """Measure every workload under every configuration and write ``results.json``,
+    ``results.md`` and one ``<workload>.png`` per workload to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = [(w, c) for w in workloads for c in configs]
+    results = []
+    for workload, config in _progress(pairs, progress):
+        torch._dynamo.reset()  # each configuration compiles from scratch
+        results.append(measure(workload, config, settings))
+    torch._dynamo.reset()
+    meta = _meta(settings, command)
+    report = markdown(results, meta)
+    json_path = write_json(out / "results.json", results, meta)
+    markdown_path = out / "results.md"
+    markdown_path.write_text(report)
+    charts = plot_workloads(results, out)
+    return Suite(results, json_path, markdown_path, charts, report)
+
+
+def _meta(settings: Settings, command: str) -> dict[str, Any]:
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except ImportError:
+        transformers_version = None
+    return {
+        "device": device_name(settings.device), "torch": torch.__version__,
+        "transformers": transformers_version, "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command, "smoke": settings.smoke, "warmup": settings.warmup,
+        "steps": settings.steps, "memory_cap": settings.memory_cap,
+        "unavailable_passes": unavailable_passes(),
+    }
