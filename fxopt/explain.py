@@ -151,7 +151,17 @@ def _memory_change(before: MemoryEstimate | None, after: MemoryEstimate | None) 
 
 
 def _stats_text(stats: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in stats.items() if k != "plan")
+    """One line: scalars as they are, containers as their size (the data stays in
+    ``report.passes[i].stats``; a plan is in the debug dump and, for swap_recompute, in
+    the rows below the line)."""
+    def short(value: Any) -> str:
+        if isinstance(value, (list, tuple)):
+            return f"[{len(value)} items]"
+        if isinstance(value, dict) and len(str(value)) > 60:
+            return f"{{{len(value)} entries}}"
+        return str(value)
+
+    return ", ".join(f"{k}={short(v)}" for k, v in stats.items())
 
 
 def _plan_rows(stats: dict[str, Any]) -> list[str]:

@@ -56,7 +56,7 @@ class GraphRecorder:
         pass
 
     def pass_finished(self, record, before, after):
-        if record.fired:
+        if record.status == "changed":
             self.changes.append((record, before, after))
 
 

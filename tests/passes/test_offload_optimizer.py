@@ -47,7 +47,8 @@ def test_explain_and_the_debug_dump_show_the_plan(tmp_path):
     report = fxopt.explain(MLP(), torch.randn(4, 13),
                            options={**OFFLOAD, "debug_dir": str(tmp_path)})
     (record,) = [r for r in report.passes if r.name == "offload_optimizer"]
-    assert "plan=" in str(report) and "predicted_ms=" in str(report)
+    text = str(report)
+    assert "plan={" in text and "predicted_ms=" in text and "gradients=[" in text
     json.dumps(record.stats)
     dumped = list(tmp_path.rglob("*offload_optimizer.plan.json"))
     assert len(dumped) == 1
