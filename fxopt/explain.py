@@ -174,11 +174,16 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
     lines = [f"      predicted peak {_mib(stats['peak_before'])} -> "
              f"{_mib(stats['peak_after'])} MiB (bound {_mib(stats['budget_bytes'])} MiB, "
              f"{'fits' if stats['feasible'] else 'NOT reachable'}; {plan['solver']} "
-             f"({plan['status'] or 'done'}) in {plan['planning_seconds']:.2f} s; "
+             f"({plan['status'] or 'done'}) in {plan['planning_seconds']:.3f} s; "
              f"profile {plan['hardware']['name']})",
              f"      {'saved tensor':<28}{'action':<11}{'KiB':>10}{'added ms':>11}"]
+    changed = [t for t in tensors if t["action"] != "keep"]
     lines += [f"      {t['tensor']:<28}{t['action']:<11}{t['bytes'] / 1024:>10.1f}"
-              f"{t['seconds'] * 1e3:>11.4f}" for t in tensors]
+              f"{t['seconds'] * 1e3:>11.4f}" for t in changed]
+    kept = [t for t in tensors if t["action"] == "keep"]
+    if kept:  # each row is in report.passes[i].stats["plan"]["extra"]["tensors"]
+        lines.append(f"      {f'({len(kept)} others)':<28}{'keep':<11}"
+                     f"{sum(t['bytes'] for t in kept) / 1024:>10.1f}{0:>11.4f}")
     return lines
 
 
