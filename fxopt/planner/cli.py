@@ -19,11 +19,11 @@ of the sum of its first tensor output (a scalar loss is itself).
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
+
+from fxopt.targets import TargetError, load_function
 
 __all__ = ["add_planner_commands", "load_target"]
 
@@ -58,38 +58,15 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
 
 def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
     """Call TARGET (see the module doc) and check what it returns."""
-    where, _, function = target.partition(":")
-    function = function or DEFAULT_FUNCTION
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise ValueError(f"no such file: {where}")
-        _importable(path.resolve().parent)  # so the script's own sibling imports work
-        spec = importlib.util.spec_from_file_location(f"fxopt_plan_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    else:
-        _importable(Path.cwd())  # as ``python -m``: modules in the working directory
-        module = importlib.import_module(where)
-    fn = getattr(module, function, None)
-    if not callable(fn):
-        raise ValueError(f"{where} has no function {function!r} (the target returns "
-                         "(model, example_inputs))")
-    result = fn()
     import torch
 
+    result = load_function(target, DEFAULT_FUNCTION)()
     if (not isinstance(result, tuple) or len(result) != 2
             or not isinstance(result[0], torch.nn.Module)):
-        raise ValueError(f"{target} must return (model, example_inputs), got "
-                         f"{type(result).__name__}")
+        raise TargetError(f"{target} must return (model, example_inputs), got "
+                          f"{type(result).__name__}")
     model, inputs = result
     return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-
-
-def _importable(folder: Path) -> None:
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -12,19 +12,15 @@ error when the target cannot be loaded or does not follow this contract.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_profile_command", "load_target", "run_profile"]
+from fxopt.targets import TargetError, load_function
+
+__all__ = ["add_profile_command", "run_profile"]
 
 DEFAULT_FUNCTION = "setup"
-
-
-class TargetError(Exception):
-    pass
 
 
 def add_profile_command(commands: argparse._SubParsersAction) -> None:
@@ -43,32 +39,6 @@ def add_profile_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_profile)
 
 
-def load_target(target: str) -> Any:
-    """The function a TARGET names (see the module doc)."""
-    location, _, name = target.partition(":")
-    name = name or DEFAULT_FUNCTION
-    if location.endswith(".py"):
-        path = Path(location)
-        if not path.is_file():
-            raise TargetError(f"no such script: {location}")
-        spec = importlib.util.spec_from_file_location(f"_fxopt_profile_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(path.parent.resolve()))
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            sys.path.remove(str(path.parent.resolve()))
-    else:
-        try:
-            module = importlib.import_module(location)
-        except ImportError as exc:
-            raise TargetError(f"cannot import {location!r}: {exc}") from exc
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise TargetError(f"{location} has no function {name!r} (give script.py:function)")
-    return fn
-
-
 def _unpack(result: Any, target: str) -> tuple[Any, Any, Any, Any]:
     if not isinstance(result, (tuple, list)) or not 2 <= len(result) <= 4:
         raise TargetError(f"{target} must return (model, inputs[, optimizer[, loss_fn]]), "
@@ -84,7 +54,8 @@ def run_profile(args: argparse.Namespace) -> int:
     from fxopt.profile.profiler import profile_memory
 
     try:
-        model, inputs, optimizer, loss_fn = _unpack(load_target(args.target)(), args.target)
+        setup = load_function(args.target, DEFAULT_FUNCTION)
+        model, inputs, optimizer, loss_fn = _unpack(setup(), args.target)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
     except (TargetError, OSError) as exc:

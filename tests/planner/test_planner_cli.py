@@ -32,7 +32,7 @@ def test_plan_prints_the_frontier_solves_a_budget_and_fits_a_batch(tmp_path, cap
 @pytest.mark.parametrize("argv, error", [
     (["plan", f"{TARGET}:not_a_pair"], "must return (model, example_inputs)"),
     (["plan", f"{TARGET}:nope"], "has no function 'nope'"),
-    (["plan", "missing_file.py"], "no such file"),
+    (["plan", "missing_file.py"], "no such script"),
     (["plan", TARGET, "--save", "p.json"], "--save needs --budget"),
     (["plan", TARGET, "--fit", "1GiB"], "needs --dynamic"),
     (["plan", TARGET, "--budget", "6 gigs"], "memory_budget"),
