@@ -72,6 +72,19 @@ def test_gelu_matches_eager(approximate, dtype):
     _assert_close(grad, expected_grad, tolerance)
 
 
+def test_gelu_reference_backward_in_chunks_equals_one_pass(monkeypatch):
+    """The torch reference computes dx in chunks (bounding its temporaries): several
+    chunks, the last one partial, give what one pass over the tensor gives."""
+    x = 3 * torch.randn(3, 70, 41, generator=torch.Generator().manual_seed(4))
+    y, packed = tempo_gelu_module._forward_reference(x, "tanh")
+    dy = torch.randn_like(x)
+    chunk = tempo_gelu_module._REFERENCE_CHUNK
+    assert x.numel() > 2 * chunk and x.numel() % chunk
+    chunked = tempo_gelu_module._backward_reference(dy, y, packed, "tanh")
+    monkeypatch.setattr(tempo_gelu_module, "_REFERENCE_CHUNK", x.numel())
+    assert torch.equal(chunked, tempo_gelu_module._backward_reference(dy, y, packed, "tanh"))
+
+
 @pytest.mark.skipif(not triton_runs_on("cpu"), reason="Triton kernels need TRITON_INTERPRET=1")
 @pytest.mark.parametrize("approximate", APPROXIMATIONS)
 def test_gelu_triton_kernels_equal_the_reference(approximate):
