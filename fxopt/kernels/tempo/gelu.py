@@ -57,10 +57,10 @@ def gelu_derivative_from_output(y: torch.Tensor, right: torch.Tensor, approximat
         1, len(starts) - num_left) - 1 + num_left
     index = torch.where(right, right_index, left_index)
     t = (s - starts[index]) * tables["scales"][index]
-    coefficients = tables["coefficients"][index]
+    coefficients = tables["coefficients"]
     value = torch.zeros_like(t)
-    for k in range(DEGREE, -1, -1):
-        value = value * t + coefficients[..., k]
+    for k in range(DEGREE, -1, -1):  # one coefficient per element at a time, not a row
+        value = value * t + coefficients[:, k][index]
     beyond = torch.where(right, s >= tables["right_end"], s >= tables["left_end"])
     return torch.where(beyond, right.float(), value)
 
@@ -70,10 +70,10 @@ def _forward_reference(x: torch.Tensor, approximate: str) -> tuple[torch.Tensor,
     return y, pack_bits(x >= gelu_tables(approximate, x.device)["x_min"])
 
 
-# The reference's temporaries (int64 interval indices, a row of coefficients per element:
-# about 60 bytes per element) would make the backward's peak larger than the activation
-# tempo saved (measured on the benchmark suite's GPT-2 smoke step: 708 KiB of temporaries at
-# the peak against 93 KiB with plain GELU). Chunks of this many elements bound them.
+# The reference's temporaries (int64 interval indices and a dozen fp32 intermediates per
+# element) would make the backward's peak larger than the activation tempo saved (measured
+# on the benchmark suite's GPT-2 smoke step: 708 KiB of temporaries at the peak against
+# 93 KiB with plain GELU, before chunking). Chunks of this many elements bound them.
 _REFERENCE_CHUNK = 1 << 12
 
 
