@@ -33,55 +33,12 @@ import time
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
-
-
-class Bottleneck(nn.Module):
-    def __init__(self, cin: int, width: int, stride: int) -> None:
-        super().__init__()
-        cout = 4 * width
-        self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(width)
-        self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                      nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu(self.bn1(self.conv1(x)))
-        y = F.relu(self.bn2(self.conv2(y)))
-        y = self.bn3(self.conv3(y))
-        return F.relu(y + (x if self.down is None else self.down(x)))
-
-
-class ResNet(nn.Module):
-    """ResNet-50's layout ([3, 4, 6, 3] bottlenecks) at a chosen base width."""
-
-    def __init__(self, layers=(3, 4, 6, 3), base: int = 64, classes: int = 1000) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, base, 7, 2, 3, bias=False),
-                                  nn.BatchNorm2d(base), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
-        blocks, cin = [], base
-        for i, count in enumerate(layers):
-            width = base * 2**i
-            for j in range(count):
-                blocks.append(Bottleneck(cin, width, 2 if j == 0 and i > 0 else 1))
-                cin = 4 * width
-        self.blocks = nn.ModuleList(blocks)
-        self.head = nn.Linear(cin, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x.mean((2, 3)))
+from fxopt.bench.workloads import ResNet
 
 
 def _gpt2(smoke: bool) -> tuple[nn.Module, dict, list[nn.Module]]:
@@ -98,13 +55,16 @@ def _gpt2(smoke: bool) -> tuple[nn.Module, dict, list[nn.Module]]:
 
 
 def _resnet(smoke: bool) -> tuple[nn.Module, dict, list[nn.Module]]:
-    model = ResNet(layers=(1, 1, 1, 1), base=8, classes=10) if smoke else ResNet()
-    x = torch.randn(2, 3, 32, 32) if smoke else torch.randn(64, 3, 224, 224)
-    return model.train(), {"x": x}, list(model.blocks)
+    """The benchmark suite's ResNet-50 layout (fxopt.bench.workloads), returning its loss."""
+    model = ResNet((1, 1, 1, 1), base=8, classes=10) if smoke else ResNet()
+    batch, size = (2, 32) if smoke else (64, 224)
+    inputs = {"images": torch.randn(batch, 3, size, size),
+              "labels": torch.randint(0, model.classes, (batch,))}
+    return model.train(), inputs, list(model.blocks)
 
 
 def _loss(out) -> torch.Tensor:
-    return out.loss if hasattr(out, "loss") else out.float().square().mean()
+    return out.loss if hasattr(out, "loss") else out
 
 
 @contextlib.contextmanager
