@@ -62,3 +62,10 @@ class LSTMModel(nn.Module):
     def forward(self, tokens):
         out, _ = self.lstm(self.embed(tokens))
         return self.head(out)
+
+
+def deep_mlp() -> nn.Module:
+    """Four Linear+GELU layers (width 48): enough saved activations for a budget to bite."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (nn.Linear(48, 48), nn.GELU())]
+    return nn.Sequential(*layers, nn.Linear(48, 5))

@@ -88,19 +88,17 @@ CPU_DEFAULT = HardwareProfile(
     notes="generic CPU default; calibrate for a real figure")
 
 # Datasheet dense rates x0.7, HBM x0.8, pinned copies as typically measured per PCIe gen.
+_H100 = HardwareProfile(
+    name="H100", device_type="cuda",
+    flops={"float32": 0.7 * 67 * _TERA, "bfloat16": 0.7 * 989 * _TERA,
+           "float16": 0.7 * 989 * _TERA},
+    memory_bandwidth=0.8 * 3.35 * _TERA, host_device_bandwidth=50 * _GIGA,
+    cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9)
 KNOWN_GPUS: dict[str, HardwareProfile] = {
-    "H200": HardwareProfile(
-        name="H200", device_type="cuda",
-        flops={"float32": 0.7 * 67 * _TERA, "bfloat16": 0.7 * 989 * _TERA,
-               "float16": 0.7 * 989 * _TERA},
-        memory_bandwidth=0.8 * 4.8 * _TERA, host_device_bandwidth=50 * _GIGA,
-        cpu_update_params_per_second=1.5e9, memory_capacity=141 * 10**9),
-    "H100": HardwareProfile(
-        name="H100", device_type="cuda",
-        flops={"float32": 0.7 * 67 * _TERA, "bfloat16": 0.7 * 989 * _TERA,
-               "float16": 0.7 * 989 * _TERA},
-        memory_bandwidth=0.8 * 3.35 * _TERA, host_device_bandwidth=50 * _GIGA,
-        cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9),
+    # H100's compute with more and faster HBM
+    "H200": dataclasses.replace(_H100, name="H200", memory_bandwidth=0.8 * 4.8 * _TERA,
+                                memory_capacity=141 * 10**9),
+    "H100": _H100,
     "A100": HardwareProfile(
         name="A100", device_type="cuda",
         flops={"float32": 0.7 * 19.5 * _TERA, "bfloat16": 0.7 * 312 * _TERA,

@@ -13,15 +13,9 @@ from fxopt.analysis import measure_saved_bytes
 from fxopt.pipeline import PassFailure
 from fxopt.runtime import runtime
 from fxopt.testing import assert_same_as_eager
-from tests.models import MLP, Block, ConvNet
+from tests.models import MLP, Block, ConvNet, deep_mlp
 
 SWAP_OPS = {"fxopt::swap_offload", "fxopt::swap_prefetch_start", "fxopt::swap_prefetch_wait"}
-
-
-def deep_mlp():
-    torch.manual_seed(0)
-    layers = [m for _ in range(4) for m in (nn.Linear(48, 48), nn.GELU())]
-    return nn.Sequential(*layers, nn.Linear(48, 5))
 
 
 def _record(comparison):

@@ -6,12 +6,7 @@ import torch
 from torch import nn
 
 from fxopt.testing import assert_same_as_eager
-
-
-def deep_mlp():
-    torch.manual_seed(0)
-    layers = [m for _ in range(4) for m in (nn.Linear(48, 48), nn.GELU())]
-    return nn.Sequential(*layers, nn.Linear(48, 5))
+from tests.models import deep_mlp
 
 
 def _stats(comparison):

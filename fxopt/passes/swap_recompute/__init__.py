@@ -41,7 +41,7 @@ from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activa
 from fxopt.planner.joint import analyse_joint, build_problem
 from fxopt.planner.plan import Plan, budget_bytes_for
 
-__all__ = ["swap_recompute", "choose_decider", "budget_bound", "InfeasibleBudget",
+__all__ = ["swap_recompute", "choose_decider", "InfeasibleBudget",
            "place_prefetches", "SWAP_OPS"]
 
 log = logging.getLogger(__name__)
@@ -66,11 +66,6 @@ def choose_decider(ctx: PassContext, plan: Plan | None = None) -> Decider:
     return decide_delta
 
 
-def budget_bound(budget: MemoryBudget, estimate: MemoryEstimate) -> int:
-    """The bound on the predicted step peak that ``budget`` stands for."""
-    return budget_bytes_for(budget, estimate.peak_bytes, estimate.activation_bytes)
-
-
 def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     budget = ctx.options.memory_budget
     saved_plan = Plan.load(ctx.options.plan) if ctx.options.plan is not None else None
@@ -81,7 +76,7 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     analysis = analyse_joint(gm, ctx.facts["num_fwd_outputs"], profile)
     estimate = analysis.estimate
     if budget is not None:
-        bound = budget_bound(budget, estimate)
+        bound = budget_bytes_for(budget, estimate.peak_bytes, estimate.activation_bytes)
     else:
         bound = saved_plan.budget_bytes or estimate.peak_bytes
         budget = MemoryBudget(bytes=bound)
@@ -90,13 +85,13 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                             blocking_offload=ctx.options.codegen == "inductor")
     decision = choose_decider(ctx, saved_plan)(problem)
     stats = _stats(budget, estimate, problem, decision)
-    plan = Plan.from_decision(decision, profile, bound,
-                              keep_all_peak_bytes=estimate.peak_bytes,
-                              activation_bytes=estimate.activation_bytes,
-                              step_seconds=sum(analysis.step_seconds))
-    plan.graph = ctx.graph_name
-    plan.extra["tensors"] = _tensor_rows(problem, decision)
     if decision.actions:  # the plan in the report and the debug dump, loadable by `plan`
+        plan = Plan.from_decision(decision, profile, bound,
+                                  keep_all_peak_bytes=estimate.peak_bytes,
+                                  activation_bytes=estimate.activation_bytes,
+                                  step_seconds=sum(analysis.step_seconds))
+        plan.graph = ctx.graph_name
+        plan.extra["tensors"] = _tensor_rows(problem, decision)
         stats["plan"] = plan.to_dict()
     if not decision.feasible:
         message = (f"fxopt: swap_recompute cannot fit {ctx.graph_name} in memory_budget "
