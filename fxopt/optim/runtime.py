@@ -18,17 +18,26 @@ launches the device subgroups' updates; the next forward waits for the copies ba
 device, never on the host. On a CPU device the same path runs one step after another, which
 is what makes it testable here.
 
+The parameter is the source of truth, the master only adds precision: ``step()`` first
+looks for parameters changed outside it (``model.load_state_dict``, an in-place init, an EMA
+copy-back, ``param.data = ...``), by the parameter's version counter and storage address,
+and refreshes their masters from them, unless the parameter still equals its master rounded
+to its dtype (a checkpoint's fp32 master loaded beside its bf16 weights stays exact).
+
 It is a ``torch.optim.Optimizer``: the wrapped optimizer's ``param_groups`` (the same dicts)
 are its own, so LR schedulers and ``zero_grad`` work on it, and ``state_dict()`` has the
 plain optimizer's format (parameter indices, state per index): a checkpoint of one loads
-into the other. The wrapped optimizer's state is moved in at wrapping and freed there; step
-the wrapper, not the wrapped optimizer.
+into the other. A bf16/fp16 parameter updated on the host also saves its fp32 master there,
+under ``MASTER_KEY``, so a resume is bit-exact; a plain optimizer ignores that entry. The
+wrapped optimizer's state is moved in at wrapping and freed there; step the wrapper, not the
+wrapped optimizer.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,13 +46,16 @@ import torch
 
 from fxopt.optim.model import OffloadPlan
 
-__all__ = ["OffloadedOptimizer", "SUPPORTED", "check_optimizer", "states_per_param"]
+__all__ = ["MASTER_KEY", "OffloadedOptimizer", "SUPPORTED", "check_optimizer",
+           "states_per_param"]
 
 log = logging.getLogger(__name__)
 
 SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 # Settings the runtime owns on the host side: the fused CPU kernel is the vectorised update.
 _HOST_OVERRIDES = {"fused": True, "foreach": False}
+# The per-parameter state entry holding a low-precision parameter's fp32 master weights.
+MASTER_KEY = "fxopt_master_fp32"
 
 
 def states_per_param(optimizer: torch.optim.Optimizer) -> int:
@@ -64,6 +76,8 @@ class _HostParam:
     staging: torch.Tensor
     fresh_grad: Any = None        # the device gradient the staging buffer holds a copy of
     fresh_version: int = -1
+    # (version, data_ptr) of the parameter when it last agreed with ``master``; None: check
+    synced: tuple[int, int] | None = None
 
 
 @dataclass
@@ -96,6 +110,28 @@ def check_optimizer(optimizer: Any) -> None:
                                  f"tensors, got {p.dtype} {p.layout}")
 
 
+def _fingerprint(param: torch.Tensor) -> tuple[int, int]:
+    """What changes when a parameter's data does: its version counter (in-place writes,
+    ``load_state_dict``) and its storage address (``param.data = ...``, which keeps the
+    version)."""
+    return param._version, param.data_ptr()
+
+
+def _warn_if_rounded_by_plain_load(saved: dict[str, Any],
+                                   flat: list[tuple[int, torch.Tensor]]) -> None:
+    """Warn when an offloaded optimizer's checkpoint went through the plain optimizer's
+    ``load_state_dict``, which rounds every state tensor to its low-precision parameter's
+    dtype: the resume can no longer be bit-exact."""
+    rounded = {str(flat[i][1].dtype) for i, entry in saved["state"].items()
+               if MASTER_KEY in entry and flat[i][1].dtype != torch.float32}
+    if rounded:
+        warnings.warn(
+            f"fxopt.optim.offload: this optimizer's state comes from an offloaded optimizer's "
+            f"checkpoint loaded into the plain optimizer, which rounded its fp32 state to "
+            f"{', '.join(sorted(rounded))}; for a bit-exact resume, wrap first and call "
+            f"load_state_dict on the offloaded optimizer", stacklevel=3)
+
+
 def _flat_params(optimizer: torch.optim.Optimizer) -> list[tuple[int, torch.Tensor]]:
     return [(g, p) for g, group in enumerate(optimizer.param_groups) for p in group["params"]]
 
@@ -116,6 +152,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                 f"fxopt.optim.offload: the plan covers parameters {sorted(keys)} but the "
                 f"optimizer has {len(flat)} (indices 0..{len(flat) - 1}, each once)")
         saved = optimizer.state_dict()
+        _warn_if_rounded_by_plain_load(saved, flat)
         # The same group dicts: schedulers and users changing lr see one set of groups.
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.plan = plan
@@ -168,7 +205,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         master = torch.empty(p.shape, dtype=torch.float32, pin_memory=self._pin)
         master.copy_(p.detach())
         staging = torch.empty(p.shape, dtype=p.dtype, pin_memory=self._pin)
-        return _HostParam(param=p, master=master, staging=staging)
+        return _HostParam(param=p, master=master, staging=staging, synced=_fingerprint(p))
 
     def _hyperparameters(self, g: int, placement: str) -> dict[str, Any]:
         settings = {k: v for k, v in self.param_groups[g].items() if k != "params"}
@@ -228,6 +265,31 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                 hp.master.grad.copy_(hp.staging)
             hp.fresh_grad = None  # the staging buffer is reused for the parameter below
 
+    # ---------------------------------------------------------------- masters
+
+    def _follow_parameters(self, sg: _Subgroup) -> None:
+        """Refresh the master of every parameter changed since it last agreed with it.
+
+        A parameter that still equals its master rounded to its own dtype keeps the master
+        (its extra fp32 bits are the point of having one); any other change came from
+        outside ``step()`` and wins.
+        """
+        for hp in sg.host:
+            self._follow_one(hp)
+
+    @staticmethod
+    @torch.no_grad()
+    def _follow_one(hp: _HostParam) -> None:
+        now = _fingerprint(hp.param)
+        if hp.synced == now:
+            return
+        current = hp.param.detach()
+        if not torch.equal(current, hp.master.to(current.device, current.dtype)):
+            hp.master.copy_(current)
+            log.debug("fxopt.optim: a %s parameter changed outside step(); its master "
+                      "weights follow it", tuple(current.shape))
+        hp.synced = now
+
     # ---------------------------------------------------------------- step
 
     def _sync_hyperparameters(self) -> None:
@@ -249,12 +311,14 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             if self._streams is None:
                 for hp in sg.host:
                     hp.param.copy_(hp.staging)
+                    hp.synced = _fingerprint(hp.param)
                 return
             h2d = self._streams[1]
             h2d.wait_event(backward_done)
             with torch.cuda.stream(h2d):
                 for hp in sg.host:
                     hp.param.copy_(hp.staging, non_blocking=True)
+                    hp.synced = _fingerprint(hp.param)
                 sg.copied = torch.cuda.Event()
                 sg.copied.record(h2d)
 
@@ -268,6 +332,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         host = [sg for sg in self._subgroups if sg.placement == "cpu"]
         device = [sg for sg in self._subgroups if sg.placement == "gpu"]
         for sg in host:
+            self._follow_parameters(sg)
             self._refresh_grads(sg)
         if self._worker is None:
             for sg in self._subgroups:
@@ -291,12 +356,16 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     # ---------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """The plain optimizer's format: state per parameter index, groups with indices."""
+        """The plain optimizer's format: state per parameter index, groups with indices; a
+        bf16/fp16 parameter updated on the host adds its fp32 master under ``MASTER_KEY``."""
         state: dict[int, dict[str, Any]] = {}
         for sg in self._subgroups:
             for i, tensor in zip(sg.indices, sg.tensors):
                 if sg.optimizer.state.get(tensor):
                     state[i] = dict(sg.optimizer.state[tensor])
+            for i, hp in zip(sg.indices, sg.host):
+                if hp.param.dtype != torch.float32 and (self._master_differs(hp) or i in state):
+                    state.setdefault(i, {})[MASTER_KEY] = hp.master.clone()
         state = dict(sorted(state.items()))
         groups, start = [], 0
         for group in self.param_groups:
@@ -306,7 +375,15 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             start += count
         return {"state": state, "param_groups": groups}
 
+    @torch.no_grad()
+    def _master_differs(self, hp: _HostParam) -> bool:
+        """Whether the master holds more than the parameter (its fp32 bits), after the
+        parameter's own changes are taken in."""
+        self._follow_one(hp)
+        return not torch.equal(hp.master, hp.param.detach().to(hp.master.device, torch.float32))
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a checkpoint of this optimizer or of the plain one (bit-exact, masters too)."""
         saved_groups = state_dict["param_groups"]
         sizes = [len(g["params"]) for g in self.param_groups]
         if [len(g["params"]) for g in saved_groups] != sizes:
@@ -318,10 +395,15 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             group.update({k: v for k, v in saved.items() if k != "params"})
         state = state_dict["state"]
         for sg in self._subgroups:
+            host = dict(zip(sg.indices, sg.host))
             local = {}
             for position, i in enumerate(sg.indices):
-                if saved_ids[i] in state:
-                    local[position] = state[saved_ids[i]]
+                entry = dict(state.get(saved_ids[i], {}))
+                master = entry.pop(MASTER_KEY, None)
+                if master is not None and i in host:
+                    self._load_master(host[i], master)
+                if entry:
+                    local[position] = entry
             groups, position = [], 0
             for internal, g in zip(sg.optimizer.param_groups, sg.user_groups):
                 count = len(internal["params"])
@@ -329,6 +411,18 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                                "params": list(range(position, position + count))})
                 position += count
             sg.optimizer.load_state_dict({"state": local, "param_groups": groups})
+
+    @staticmethod
+    def _load_master(hp: _HostParam, master: torch.Tensor) -> None:
+        """Take a checkpoint's fp32 master; the next step checks it against the parameter
+        (loaded before or after it), which wins where they disagree."""
+        if master.dtype != torch.float32:
+            log.debug("fxopt.optim: ignoring %s master weights (a plain optimizer's load "
+                      "rounded them); the parameter is used", master.dtype)
+            return
+        with torch.no_grad():
+            hp.master.copy_(master)
+        hp.synced = None
 
     def remove_hooks(self) -> None:
         """Detach the gradient hooks from the parameters; ``step()`` then copies each host
