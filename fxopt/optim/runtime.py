@@ -46,8 +46,13 @@ import torch
 
 from fxopt.optim.model import OffloadPlan
 
-__all__ = ["MASTER_KEY", "OffloadedOptimizer", "SUPPORTED", "check_optimizer",
-           "states_per_param"]
+__all__ = [
+    "MASTER_KEY",
+    "SUPPORTED",
+    "OffloadedOptimizer",
+    "check_optimizer",
+    "states_per_param",
+]
 
 log = logging.getLogger(__name__)
 
