@@ -7,7 +7,7 @@
 import argparse
 import sys
 
-from fxopt.bench.cli import add_bench_arguments, run_bench
+from fxopt.cli.bench import add_bench_arguments, run_bench
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__)

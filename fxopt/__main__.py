@@ -2,10 +2,11 @@
 
 Subcommands: ``passes`` lists every pass with its stage, flag, default and availability,
 and the options with their documentation; ``diff`` shows what each pass did to each graph
-of a ``debug_dir`` dump (`fxopt.debug.cli`); ``profile`` breaks a training step's memory
-into categories (`fxopt.profile.cli`); ``bench`` runs the benchmark suite (`fxopt.bench.cli`);
+of a ``debug_dir`` dump (`fxopt.cli.debug`); ``profile`` breaks a training step's memory
+into categories (`fxopt.cli.profile`); ``bench`` runs the benchmark suite (`fxopt.cli.bench`);
 ``plan`` prints the planner's time-vs-memory frontier and ``calibrate`` measures the device
-(`fxopt.planner.cli`).
+(`fxopt.cli.planner`). Every command's parser and printing lives in `fxopt.cli`; the
+layered packages import none of it.
 """
 
 from __future__ import annotations
@@ -45,16 +46,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     listing = commands.add_parser("passes", help="list the passes, their stages and defaults")
     listing.add_argument("--options", action="store_true", help="also list every option")
     listing.set_defaults(run=_passes)
-    from fxopt.debug.cli import add_diff_command
+    from fxopt.cli.debug import add_diff_command
 
     add_diff_command(commands)
-    from fxopt.planner.cli import add_planner_commands
+    from fxopt.cli.planner import add_planner_commands
 
     add_planner_commands(commands)
-    from fxopt.profile.cli import add_profile_command
+    from fxopt.cli.profile import add_profile_command
 
     add_profile_command(commands)
-    from fxopt.bench.cli import add_bench_command
+    from fxopt.cli.bench import add_bench_command
 
     add_bench_command(commands)
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 (`fxopt.bench.workloads`) under the baselines and fxopt configurations
 (`fxopt.bench.configs`), measured for step time, throughput, peak memory, largest batch
 under a cap and compile time (`fxopt.bench.measure`), reported as JSON, markdown and
-charts (`fxopt.bench.report`). Run it with ``python -m fxopt bench`` (`fxopt.bench.cli`).
+charts (`fxopt.bench.report`). Run it with ``python -m fxopt bench`` (`fxopt.cli.bench`).
 Each pass's own benchmark can reuse these pieces: a :class:`Workload`, a :class:`Config`
 and :func:`measure`.
 """

@@ -5,6 +5,6 @@
 - :mod:`~fxopt.debug.snapshot`: a graph as plain data; :mod:`~fxopt.debug.repro`: a
   runnable repro of a captured graph;
 - :mod:`~fxopt.debug.diff`: nodes added, removed, replaced and changed per pass (or
-  between two dumps); :mod:`~fxopt.debug.text` and :mod:`~fxopt.debug.html` render it;
-  :mod:`~fxopt.debug.cli` is ``fxopt diff``.
+  between two dumps); :mod:`~fxopt.debug.text` and :mod:`~fxopt.debug.html` render it
+  (``fxopt diff`` is :mod:`fxopt.cli.debug`).
 """

@@ -16,8 +16,8 @@
 - :mod:`~fxopt.planner.symbolic`: the step's memory and time as functions of the graph's
   symbolic sizes (:func:`symbolic_step`), e.g. the largest batch that fits a budget.
 - :mod:`~fxopt.planner.calibrate` measures a device and caches its profile;
-  :mod:`~fxopt.planner.capture` captures a step's joint graphs; :mod:`~fxopt.planner.cli`
-  is ``fxopt plan`` and ``fxopt calibrate``.
+  :mod:`~fxopt.planner.capture` captures a step's joint graphs (``fxopt plan`` and
+  ``fxopt calibrate`` are :mod:`fxopt.cli.planner`).
 
 Passes build these problems from their graphs and apply the decisions; deciding (a
 heuristic in a pass, or a solver) never touches an fx graph. That is the seam between the

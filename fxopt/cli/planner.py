@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fxopt.targets import TargetError, load_function
+from fxopt.cli.targets import TargetError, load_function
 
 __all__ = ["add_planner_commands", "load_target"]
 
