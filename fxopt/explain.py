@@ -21,6 +21,7 @@ from fxopt.analysis.memory import MemoryEstimate
 from fxopt.compiler import Backend, GraphRecord
 from fxopt.config import Options
 from fxopt.pipeline import PassRecord
+from fxopt.units import format_mib as _mib
 
 __all__ = ["explain", "ExplainReport", "GraphBreak"]
 
@@ -136,10 +137,6 @@ def _memory_dict(m: MemoryEstimate | None) -> dict[str, Any] | None:
         return None
     return {"peak_bytes": m.peak_bytes, "activation_bytes": m.activation_bytes,
             "baseline_bytes": m.baseline_bytes, "peak_node": m.peak_node}
-
-
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.2f}"
 
 
 def _memory_change(before: MemoryEstimate | None, after: MemoryEstimate | None) -> str:
