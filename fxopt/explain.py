@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from fxopt import _compat, config
 from fxopt.analysis.memory import MemoryEstimate
@@ -100,7 +99,7 @@ def explain(model: Any, *args: Any, options: Mapping[str, Any] | None = None,
 def differentiable_outputs(output: Any) -> list[torch.Tensor]:
     """The floating-point tensors in a model's output (any pytree, e.g. a ModelOutput)
     that require grad: what a loss for a test or an explain step is built from."""
-    return [t for t in pytree.tree_leaves(output)
+    return [t for t in _compat.tree_leaves(output)
             if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
 
 
@@ -111,7 +110,7 @@ def _loss_of(output: Any) -> torch.Tensor | None:
 
 @contextlib.contextmanager
 def _restored_state(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    tensors = [t for t in _compat.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     buffers: dict[str, torch.Tensor] = {}
     if isinstance(model, torch.nn.Module):
         tensors += list(model.parameters())
