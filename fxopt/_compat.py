@@ -1,26 +1,56 @@
 """The one adapter between fxopt and torch's private APIs.
 
 fxopt needs a few things torch does not expose publicly: AOTAutograd's entry for backends,
-its partitioners, Inductor's per-graph compiler and decomposition table, and Dynamo's
-graph-break counters. Every such import lives here, so a torch upgrade breaks one file.
-Supported: torch >= 2.11.
+its partitioners, Inductor's per-graph compiler and decomposition table, Dynamo's
+graph-break counters and the C bindings it records ``F.linear``/``F.gelu`` as, the pytree
+utilities, ``OpOverload`` and schema alias sets, ``TorchDispatchMode`` (documented, but in
+a private module) and the min-cut partitioner's activation budget. Every such import lives
+here, so a torch upgrade breaks one file. The profiler's raw allocation records are the one
+other private use; they live in the profiler's own adapter, `fxopt.profile._torch`, with
+the data types the profiler builds from them (tests/test_layout.py checks that no other
+module names a private torch API). Supported: torch >= 2.11.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch.fx.graph import CodeGen
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 __all__ = [
-    "aot_autograd", "default_partition", "min_cut_partition", "inductor_partition",
-    "inductor_inference_passes", "inductor_decompositions",
-    "inductor_compile", "boxed_fx_callable", "graph_break_counts",
+    "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
+    "boxed_fx_callable", "copy_graph", "default_partition", "fake_mode_of",
+    "graph_break_counts", "inductor_compile", "inductor_decompositions",
+    "inductor_inference_passes", "inductor_partition", "is_dynamo_protocol_error",
+    "is_op_overload", "is_symbolic", "min_cut_partition", "op_alias_sets", "size_hint",
+    "tree_flatten", "tree_leaves", "tree_map",
 ]
+
+# What Dynamo records ``F.linear`` and ``F.gelu`` as: their C bindings.
+NN_LINEAR = torch._C._nn.linear
+NN_GELU = torch._C._nn.gelu
+
+
+def is_op_overload(target: Any) -> bool:
+    """Whether a call_function target is an op overload (``aten.mm.default``, ``fxopt::*``)."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
+@contextlib.contextmanager
+def activation_memory_budget(fraction: float) -> Iterator[None]:
+    """torch's knob for the min-cut partitioner's saved-activation budget (a fraction of
+    what it would save otherwise), set for the ``with`` block."""
+    from torch._functorch import config as functorch_config
+
+    with functorch_config.patch(activation_memory_budget=fraction):
+        yield
 
 
 def aot_autograd(**kwargs: Any) -> Callable[..., Any]:

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fxopt.units import UNITS, format_bytes, parse_bytes
+
 __all__ = ["MemoryBudget", "Options", "patch", "resolve", "option_docs", "MODES"]
 
 PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer")
@@ -39,12 +41,7 @@ MODES: dict[str, dict[str, Any]] = {
     "max-autotune-no-cudagraphs": {"codegen": "inductor"},
 }
 
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_FRACTION_RE = re.compile(r"^\s*[0-9]*\.[0-9]+\s*$")
 _PERCENT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -63,7 +60,7 @@ class MemoryBudget:
 
     def __str__(self) -> str:
         if self.bytes is not None:
-            return _format_bytes(self.bytes)
+            return format_bytes(self.bytes)
         return f"{self.fraction:g} of activation memory"
 
 
@@ -131,13 +128,6 @@ def _valid_names() -> tuple[str, ...]:
 # ---------------------------------------------------------------------------- parsing
 
 
-def _format_bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n} B"
-
-
 def parse_memory_budget(value: Any) -> MemoryBudget | None:
     """Parse a budget: int bytes, "6GiB"/"512 MB"/"50%", or a float fraction in (0, 1]."""
     if value is None or isinstance(value, MemoryBudget):
@@ -158,15 +148,15 @@ def parse_memory_budget(value: Any) -> MemoryBudget | None:
     if isinstance(value, str):
         if m := _PERCENT_RE.match(value):
             return parse_memory_budget(float(m.group(1)) / 100.0)
-        m = _BUDGET_RE.match(value)
-        if m is None or m.group(2).lower() not in _UNITS:
-            units = ", ".join(u for u in _UNITS if u)
-            raise ValueError(
-                f"fxopt: cannot read memory_budget {value!r}; {hint} (units: {units}, or N%)")
-        number, unit = float(m.group(1)), m.group(2).lower()
-        if not unit and "." in m.group(1):
-            return parse_memory_budget(number)  # "0.5" read from an environment variable
-        return parse_memory_budget(int(number * _UNITS[unit]))
+        if _FRACTION_RE.match(value):
+            return parse_memory_budget(float(value))  # "0.5" read from an environment variable
+        try:
+            count = parse_bytes(value)
+        except ValueError:
+            units = ", ".join(u for u in UNITS if u)
+            raise ValueError(f"fxopt: cannot read memory_budget {value!r}; {hint} "
+                             f"(units: {units}, or N%)") from None
+        return parse_memory_budget(count)
     raise TypeError(f"fxopt: memory_budget has type {type(value).__name__}; {hint}")
 
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from fxopt import _compat, config
 from fxopt.analysis.memory import MemoryEstimate
 from fxopt.compiler import Backend, GraphRecord
 from fxopt.config import Options
 from fxopt.pipeline import PassRecord
+from fxopt.units import format_mib as _mib
 
 __all__ = ["explain", "ExplainReport", "GraphBreak"]
 
@@ -99,7 +99,7 @@ def explain(model: Any, *args: Any, options: Mapping[str, Any] | None = None,
 def differentiable_outputs(output: Any) -> list[torch.Tensor]:
     """The floating-point tensors in a model's output (any pytree, e.g. a ModelOutput)
     that require grad: what a loss for a test or an explain step is built from."""
-    return [t for t in pytree.tree_leaves(output)
+    return [t for t in _compat.tree_leaves(output)
             if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
 
 
@@ -110,7 +110,7 @@ def _loss_of(output: Any) -> torch.Tensor | None:
 
 @contextlib.contextmanager
 def _restored_state(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    tensors = [t for t in _compat.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     buffers: dict[str, torch.Tensor] = {}
     if isinstance(model, torch.nn.Module):
         tensors += list(model.parameters())
@@ -136,10 +136,6 @@ def _memory_dict(m: MemoryEstimate | None) -> dict[str, Any] | None:
         return None
     return {"peak_bytes": m.peak_bytes, "activation_bytes": m.activation_bytes,
             "baseline_bytes": m.baseline_bytes, "peak_node": m.peak_node}
-
-
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.2f}"
 
 
 def _memory_change(before: MemoryEstimate | None, after: MemoryEstimate | None) -> str:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
-from fxopt import passes
+from fxopt import _compat, passes
 from fxopt.compiler import Backend, GraphRecord
 from fxopt.explain import differentiable_outputs
 from fxopt.passes import PassSpec
@@ -58,7 +57,7 @@ def _clone_args(args: Any) -> Any:
             return x.detach().clone().requires_grad_(x.requires_grad)
         return x
 
-    return pytree.tree_map(clone, args)
+    return _compat.tree_map(clone, args)
 
 
 def _loss(output: Any, seed: int) -> torch.Tensor | None:
@@ -123,8 +122,8 @@ def assert_same_as_eager(model_or_fn: Any, args: Sequence[Any], options: Mapping
 
 def _compare_tree(actual: Any, expected: Any, what: str,
                   tolerances: Mapping[torch.dtype, tuple[float, float]]) -> None:
-    expected_leaves, expected_spec = pytree.tree_flatten(expected)
-    actual_leaves, actual_spec = pytree.tree_flatten(actual)
+    expected_leaves, expected_spec = _compat.tree_flatten(expected)
+    actual_leaves, actual_spec = _compat.tree_flatten(actual)
     assert len(actual_leaves) == len(expected_leaves), (
         f"{what}: structure {actual_spec} != {expected_spec}")
     for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
@@ -139,7 +138,7 @@ def _compare_grads(eager: Any, compiled: Any, eager_args: Any, compiled_args: An
         return
     expected_loss.backward()
     actual_loss.backward()
-    pairs = list(zip(pytree.tree_leaves(compiled_args), pytree.tree_leaves(eager_args)))
+    pairs = list(zip(_compat.tree_leaves(compiled_args), _compat.tree_leaves(eager_args)))
     named = [(f"input {i}", a, e) for i, (a, e) in enumerate(pairs)
              if isinstance(e, torch.Tensor) and e.requires_grad]
     if isinstance(eager, torch.nn.Module):

@@ -20,7 +20,7 @@ outputs (in-place ops write their output too). This is a roofline view, not a ti
 ignores caching, fusion and kernels that read an input twice.
 
 Private torch APIs: schema alias sets through ``_compat.op_alias_sets`` (alias sets,
-list returns included), ``torch._ops.OpOverload``, ``torch.utils._pytree``.
+list returns included), ``OpOverload``, the pytree utilities.
 
 Costs read ``node.meta["val"]`` (see :mod:`fxopt.analysis.shapes`); symbolic sizes are
 resolved with their hints. Registry formulas are run on meta tensors with the hinted sizes,
@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
 from fxopt import _compat
@@ -115,7 +114,7 @@ def is_view_op(target: Any) -> bool:
     split, detach, ..., and ``_unsafe_view``); in-place and out= ops are not views."""
     if target is operator.getitem or target in UNSAFE_VIEW_OPS:
         return True
-    if not isinstance(target, torch._ops.OpOverload):
+    if not _compat.is_op_overload(target):
         return False
     args, outs = _compat.op_alias_sets(target)
     aliased = any(outs)
@@ -130,7 +129,7 @@ def return_aliases(node: fx.Node) -> list[Any]:
     target = node.target
     if target in UNSAFE_VIEW_OPS:
         return [node.args[0]]
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    if node.op != "call_function" or not _compat.is_op_overload(target):
         return []
     # torch's schema parser: unlike FunctionSchema.returns[i].alias_info, it also reads the
     # alias set of a list return such as split's ``Tensor(a)[]``.
@@ -210,6 +209,6 @@ def _registry_flops(node: fx.Node) -> int:
             return size_hint(x)
         return x
 
-    args, kwargs, out = tree_map(concrete, (node.args, node.kwargs, node.meta["val"]))
+    args, kwargs, out = _compat.tree_map(concrete, (node.args, node.kwargs, node.meta["val"]))
     packet = getattr(node.target, "overloadpacket", node.target)
     return int(flop_registry[packet](*args, **kwargs, out_val=out))

@@ -18,8 +18,8 @@ AOTAutograd's runtime do (each value after its last use; saved values and tangen
 to the backward in a list it clears). (b) measures what fxopt's fx code generation
 executes; (a) checks that the graphs themselves match what eager autograd keeps.
 
-Private torch API: ``torch.utils._python_dispatch.TorchDispatchMode`` (documented, but in a
-private module), ``torch.utils._pytree``.
+Private torch APIs, through :mod:`fxopt._compat`: ``TorchDispatchMode`` (documented, but in a
+private module), the pytree utilities.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from fxopt._compat import TorchDispatchMode, tree_leaves
 from fxopt.analysis.shapes import size_hint
 
 __all__ = ["LiveStorageTracker", "MeasuredMemory", "SavedBytes", "measure_peak_memory",

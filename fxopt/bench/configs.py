@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from fxopt import _compat
 from fxopt.bench.workloads import Workload
 
 __all__ = ["Config", "all_configs", "get_configs", "unavailable_passes"]
@@ -43,16 +44,6 @@ def _eager(model: nn.Module, workload: Workload) -> nn.Module:
 
 def _inductor(model: nn.Module, workload: Workload) -> nn.Module:
     return torch.compile(model, backend="inductor")
-
-
-@contextlib.contextmanager
-def _activation_budget(fraction: float) -> Iterator[None]:
-    """torch's knob for the min-cut partitioner's saved-activation budget (a fraction of
-    what it would save otherwise); a private config module, so looked up here only."""
-    from torch._functorch import config as functorch_config
-
-    with functorch_config.patch(activation_memory_budget=fraction):
-        yield
 
 
 def _checkpointed(model: nn.Module, workload: Workload) -> nn.Module:
@@ -94,7 +85,7 @@ def all_configs() -> list[Config]:
         Config("eager", "baseline", _eager),
         Config("inductor", "baseline", _inductor),
         Config("inductor-budget-0.5", "baseline", _inductor,
-               functools.partial(_activation_budget, 0.5)),
+               functools.partial(_compat.activation_memory_budget, 0.5)),
         Config("checkpoint", "baseline", _checkpointed),
         Config("fxopt", "fxopt", _fxopt()),
     ]

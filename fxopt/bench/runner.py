@@ -67,9 +67,9 @@ def run_suite(workloads: Iterable[Workload], configs: Iterable[Config], settings
     pairs = [(w, c) for w in workloads for c in configs]
     results = []
     for workload, config in _progress(pairs, progress):
-        torch._dynamo.reset()  # each configuration compiles from scratch
+        torch.compiler.reset()  # each configuration compiles from scratch
         results.append(measure(workload, config, settings))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     meta = _meta(settings, command)
     report = markdown(results, meta)
     json_path = write_json(out / "results.json", results, meta)

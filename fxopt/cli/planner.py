@@ -71,13 +71,13 @@ def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
 
 def _plan(args: argparse.Namespace) -> int:
     from fxopt.config import parse_memory_budget
-    from fxopt.debug.snapshot import format_bytes
     from fxopt.planner.capture import capture_joints
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
     from fxopt.planner.joint import activation_problem
     from fxopt.planner.plan import plan_for_joint_graph
     from fxopt.planner.symbolic import symbolic_step
+    from fxopt.units import format_bytes
 
     try:
         model, inputs = load_target(args.target)
@@ -130,7 +130,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
-    from fxopt.debug.snapshot import format_bytes
+    from fxopt.units import format_bytes
 
     if not step.symbols:
         print("sizes: static (no symbolic dimension in this graph)")

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from fxopt.debug.diff import Step
-from fxopt.debug.snapshot import format_bytes
 from fxopt.debug.text import shape_text, summary_line
+from fxopt.units import format_bytes
 
 __all__ = ["write_html", "render_html"]
 

@@ -21,7 +21,7 @@ from fxopt.analysis.cost import is_view_op
 from fxopt.analysis.memory import MemoryEstimate
 from fxopt.analysis.shapes import nbytes, size_hint, tensor_values
 
-__all__ = ["graph_snapshot", "memory_data", "target_name", "format_bytes"]
+__all__ = ["graph_snapshot", "memory_data", "target_name"]
 
 
 def target_name(node: fx.Node) -> str:
@@ -133,11 +133,3 @@ def graph_snapshot(gm: fx.GraphModule, kind: str,
             "memory": memory_data(estimate, timeline=True)}
 
 
-def format_bytes(n: int | None) -> str:
-    """Bytes for people: ``1.50 KiB``, ``3.20 MiB``; ``-`` when unknown."""
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"

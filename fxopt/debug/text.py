@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fxopt.debug.diff import Step
-from fxopt.debug.snapshot import format_bytes
+from fxopt.units import format_bytes
 
 __all__ = ["render_steps", "summary_line", "unified", "shape_text"]
 

@@ -19,8 +19,8 @@ with its reason in the stats.
 It declines the whole graph where Triton cannot run (a CPU without ``TRITON_INTERPRET=1``)
 and with ``codegen="inductor"``, which fuses pointwise ops itself.
 
-Private torch APIs: ``torch._ops.OpOverload`` (which calls are aten ops) and schema alias
-sets through ``_compat.op_alias_sets`` (which calls write an argument), as the analyses do.
+Private torch APIs, through :mod:`fxopt._compat`: ``OpOverload`` (which calls are aten ops)
+and schema alias sets (which calls write an argument), as the analyses do.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def _candidates(graph: fx.Graph, device: torch.device, stats: _Stats) -> dict[fx
 
 
 def _mutates(node: fx.Node) -> bool:
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    if node.op != "call_function" or not _compat.is_op_overload(node.target):
         return False
     args, _ = _compat.op_alias_sets(node.target)
     return any(written for _, _, written in args)
@@ -174,7 +174,7 @@ def _pure(node: fx.Node) -> bool:
         return False
     if node.target is operator.getitem:
         return True
-    return (isinstance(node.target, torch._ops.OpOverload)
+    return (_compat.is_op_overload(node.target)
             and torch.Tag.nondeterministic_seeded not in node.target.tags
             and not _mutates(node))
 

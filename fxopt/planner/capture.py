@@ -32,7 +32,7 @@ class CapturedJoint:
 def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
                    dynamic: bool = False) -> list[CapturedJoint]:
     """The joint graph of every Dynamo graph of one training step of ``model``."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     found: list[CapturedJoint] = []
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
@@ -51,7 +51,7 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
                          "planning needs a training step (model(*inputs), then backward)")
     loss.sum().backward()
     model.zero_grad(set_to_none=True)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return found
 
 

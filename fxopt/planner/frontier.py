@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fxopt.debug.snapshot import format_bytes
 from fxopt.planner.activations import ActivationProblem, Decision
 from fxopt.planner.milp import DEFAULT_TIME_LIMIT, lowest_peak_plan, solve_activations
+from fxopt.units import format_bytes
 
 __all__ = ["Frontier", "FrontierPoint", "pareto_frontier", "non_dominated"]
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
-from torch.utils._pytree import tree_leaves
 
+from fxopt._compat import tree_leaves
 from fxopt.profile._torch import read_events
 from fxopt.profile.attribute import Tag, apply_tags, build_timeline, intervals_of
 from fxopt.profile.report import MemoryProfile

@@ -11,16 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from fxopt.profile.attribute import CATEGORIES, Timeline
+from fxopt.units import format_bytes
 
 __all__ = ["MemoryProfile", "format_bytes"]
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass

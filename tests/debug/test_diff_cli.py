@@ -10,7 +10,7 @@ import torch
 from debug_passes import true_diff
 
 from fxopt.__main__ import main
-from fxopt.debug.snapshot import format_bytes
+from fxopt.units import format_bytes
 
 
 def run(capsys, *argv):

@@ -18,8 +18,9 @@ import torch
 import torch.fx as fx
 
 from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
-from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, same_shape, tensor_value, value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, same_shape
 from fxopt.passes.fuse_rnn.hoist import LINEAR, hoist_input_projections
+from fxopt.passes.torch_calls import example_tensor, example_value
 
 
 def _builtin_args(cell: fx.Node, kind: str) -> tuple[Any, ...] | None:
@@ -49,8 +50,8 @@ def rewrite_builtin_cells(rw: Rewrite) -> None:
             rw.decline(what, "unrecognised arguments")
             continue
         x, h, c, w_ih, w_hh, b_ih, b_hh = parsed
-        xv, hv, cv, wv, whv = (tensor_value(n) for n in (x, h, c, w_ih, w_hh))
-        outs = value(cell)
+        xv, hv, cv, wv, whv = (example_tensor(n) for n in (x, h, c, w_ih, w_hh))
+        outs = example_value(cell)
         expected = (outs[0] if isinstance(outs, (tuple, list)) else outs).dtype
         if any(v is None or v.dim() != 2 for v in (xv, hv, cv, wv, whv)):
             rw.decline(what, "unbatched or non-2D input or state")

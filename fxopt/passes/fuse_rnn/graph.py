@@ -1,54 +1,33 @@
 """What the fuse_rnn rewrites share: recognising torch-level calls in Dynamo's graph, the
 dtype rules of autocast regions, and emitting the fused cell op.
 
-Dynamo's graph spells one operation several ways (``torch.sigmoid(x)``, ``x.sigmoid()``,
-``F.sigmoid(x)``; ``a * b``, ``torch.mul``): :func:`is_op` accepts all of them. Fake values
-are in ``node.meta["example_value"]``.
+Calls are recognised in every spelling Dynamo records (``torch.sigmoid(x)``,
+``x.sigmoid()``, ``F.sigmoid(x)``; ``a * b``, ``torch.mul``) through the passes' shared
+vocabulary, :mod:`fxopt.passes.torch_calls`; :func:`is_op` adds fuse_rnn's own rule.
 """
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 import fxopt.kernels.rnn  # noqa: F401  (registers the fxopt::lstm_cell / gru_cell ops)
 from fxopt.passes.base import PassContext
+from fxopt.passes.torch_calls import is_call
 
 PASS = "fuse_rnn"
 
-_FUNCTIONS: dict[str, tuple[Any, ...]] = {
-    "sigmoid": (torch.sigmoid, F.sigmoid, torch.special.expit),
-    "tanh": (torch.tanh, F.tanh),
-    "mul": (operator.mul, torch.mul),
-    "add": (operator.add, torch.add),
-    "sub": (operator.sub, torch.sub),
-    "chunk": (torch.chunk,),
-}
-
 
 def is_op(node: Any, name: str) -> bool:
-    """Whether ``node`` calls ``name`` as a function or a tensor method (no extra kwargs such
-    as ``alpha=``, which would change the math)."""
+    """Whether ``node`` calls ``name`` as a function or a tensor method, with no extra
+    keyword arguments such as ``alpha=``, which would change the math (``chunk``'s ``dim=``
+    excepted)."""
     if not isinstance(node, fx.Node) or node.kwargs and name != "chunk":
         return False
-    if node.op == "call_method":
-        return node.target == name
-    return node.op == "call_function" and node.target in _FUNCTIONS[name]
-
-
-def value(node: Any) -> Any:
-    """The fake value Dynamo recorded for ``node`` (None for non-nodes or missing values)."""
-    return node.meta.get("example_value") if isinstance(node, fx.Node) else None
-
-
-def tensor_value(node: Any) -> torch.Tensor | None:
-    v = value(node)
-    return v if isinstance(v, torch.Tensor) else None
+    return is_call(node, name)
 
 
 def same_shape(x: torch.Tensor, y: torch.Tensor) -> bool:

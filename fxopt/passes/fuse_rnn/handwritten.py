@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, is_op, same_shape, tensor_value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, is_op, same_shape
 from fxopt.passes.fuse_rnn.hoist import hoist_input_projections
 from fxopt.passes.fuse_rnn.matching import (
     NoMatch,
@@ -29,6 +29,7 @@ from fxopt.passes.fuse_rnn.matching import (
     only_user,
     other_operand,
 )
+from fxopt.passes.torch_calls import example_tensor
 
 WHAT = "handwritten_lstm"
 
@@ -46,7 +47,7 @@ class _Cell:
 
 
 def _match(chunk: fx.Node) -> _Cell:
-    gates_value = tensor_value(chunk.args[0])
+    gates_value = example_tensor(chunk.args[0])
     pieces = gate_pieces(chunk, 4)
     acts = {index: only_user(piece) for index, piece in pieces.items()}
     tanhs = [k for k, act in acts.items() if is_op(act, "tanh")]
@@ -55,8 +56,8 @@ def _match(chunk: fx.Node) -> _Cell:
         raise NotACell("the gate nonlinearities are not three sigmoids and one tanh")
     pre = chunk.args[0]
     if not is_op(pre, "add") or len(pre.args) != 2 or not all(
-            isinstance(t, fx.Node) and tensor_value(t) is not None
-            and same_shape(tensor_value(t), gates_value) for t in pre.args):
+            isinstance(t, fx.Node) and example_tensor(t) is not None
+            and same_shape(example_tensor(t), gates_value) for t in pre.args):
         raise NoMatch("the gates are not the sum of two full-size projections")
     g_index = tanhs[0]
     gate_of = {act: k for k, act in acts.items()}
@@ -85,8 +86,8 @@ def _match(chunk: fx.Node) -> _Cell:
 
 
 def _check_values(cell: _Cell) -> None:
-    a, b, c = (tensor_value(n) for n in (cell.a, cell.b, cell.c_prev))
-    h, c_new = tensor_value(cell.h_new), tensor_value(cell.c_new)
+    a, b, c = (example_tensor(n) for n in (cell.a, cell.b, cell.c_prev))
+    h, c_new = example_tensor(cell.h_new), example_tensor(cell.c_new)
     if c is None or not (same_shape(c, h) and same_shape(c_new, h)):
         raise NoMatch("the cell state is not a [batch, hidden] tensor (broadcasting)")
     dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), c.dtype)

@@ -20,7 +20,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, is_op, same_shape, tensor_value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, is_op, same_shape
 from fxopt.passes.fuse_rnn.hoist import hoist_input_projections
 from fxopt.passes.fuse_rnn.matching import (
     NoMatch,
@@ -30,6 +30,7 @@ from fxopt.passes.fuse_rnn.matching import (
     only_user,
     other_operand,
 )
+from fxopt.passes.torch_calls import example_tensor
 
 WHAT = "handwritten_gru"
 
@@ -73,7 +74,7 @@ def _match(chunk_a: fx.Node) -> tuple:
         only_user(piece_b)
     if n_index is None or len(gates) != 2:
         raise NoMatch("the gates are not sigmoid(a + b) and tanh(a + r * b)")
-    if not same_shape(tensor_value(chunk_a.args[0]), tensor_value(chunk_b.args[0])):
+    if not same_shape(example_tensor(chunk_a.args[0]), example_tensor(chunk_b.args[0])):
         raise NoMatch("the projections differ in shape (broadcasting)")
     pieces_b = gate_pieces(chunk_b, 3)
     r_act = other_operand(r_mul, next(x for x in r_mul.args if _piece_of(x)))
@@ -103,7 +104,7 @@ def _match(chunk_a: fx.Node) -> tuple:
 
 
 def _check_values(a: fx.Node, b: fx.Node, h_prev: object, out: fx.Node) -> None:
-    av, bv, hv, ov = (tensor_value(n) for n in (a, b, h_prev, out))
+    av, bv, hv, ov = (example_tensor(n) for n in (a, b, h_prev, out))
     if hv is None or not same_shape(hv, ov):
         raise NoMatch("the hidden state is not a [batch, hidden] tensor (broadcasting)")
     if (problem := dtype_problem(av, bv, hv)) is not None:

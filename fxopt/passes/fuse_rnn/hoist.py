@@ -14,12 +14,13 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-import torch
 import torch.fx as fx
 
-from fxopt.passes.fuse_rnn.graph import Rewrite, tensor_value
+from fxopt import _compat
+from fxopt.passes.fuse_rnn.graph import Rewrite
+from fxopt.passes.torch_calls import example_tensor
 
-LINEAR = torch._C._nn.linear
+LINEAR = _compat.NN_LINEAR  # the spelling of F.linear this pass emits and hoists
 _FULL = slice(None, None, None)
 
 
@@ -31,7 +32,7 @@ def leading_index(x: Any) -> tuple[fx.Node, Any] | None:
             and x.target is operator.getitem):
         return None
     base, index = x.args
-    base_value = tensor_value(base)
+    base_value = example_tensor(base)
     if base_value is None or base_value.dim() < 3:
         return None
     parts = index if isinstance(index, tuple) else (index,)
@@ -47,7 +48,7 @@ def _steps(sequence: fx.Node, index: Any) -> float:
     size is symbolic)."""
     parts = index if isinstance(index, tuple) else (index,)
     count = 1
-    for size, part in zip(tensor_value(sequence).shape, parts):
+    for size, part in zip(example_tensor(sequence).shape, parts):
         if isinstance(part, int):
             if not isinstance(size, int):
                 return float("inf")

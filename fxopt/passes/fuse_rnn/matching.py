@@ -12,7 +12,8 @@ import operator
 
 import torch.fx as fx
 
-from fxopt.passes.fuse_rnn.graph import is_op, tensor_value
+from fxopt.passes.fuse_rnn.graph import is_op
+from fxopt.passes.torch_calls import example_tensor
 
 
 class NoMatch(Exception):
@@ -42,7 +43,7 @@ def is_gate_split(node: object, gates: int) -> bool:
         return False
     chunks = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks")
     dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-    value = tensor_value(node.args[0])
+    value = example_tensor(node.args[0])
     return chunks == gates and value is not None and value.dim() == 2 and dim in (1, -1)
 
 

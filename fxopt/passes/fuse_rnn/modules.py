@@ -22,8 +22,9 @@ import torch
 import torch.fx as fx
 
 from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
-from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, tensor_value, value
+from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem
 from fxopt.passes.fuse_rnn.hoist import LINEAR
+from fxopt.passes.torch_calls import example_tensor, example_value
 
 # Unrolled time steps (layers x directions x steps) above which a module is left alone:
 # the Python graph and its compile time grow with every step.
@@ -47,7 +48,7 @@ def _parse(node: fx.Node, kind: str) -> tuple:
         raise _Decline("proj_size or an unexpected weight list")
     if dropout and train and layers > 1:
         raise _Decline("inter-layer dropout while training")
-    xv = tensor_value(x)
+    xv = example_tensor(x)
     if xv is None or xv.dim() != 3:
         raise _Decline("unbatched input")
     steps = xv.shape[1 if batch_first else 0]
@@ -93,14 +94,14 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
         # path and returns bf16 where the traced value says fp32 (seen with torch 2.13).
         raise _Decline("inside an autocast region (eager's dtypes depend on the oneDNN or "
                        "cuDNN path)")
-    if (problem := dtype_problem(tensor_value(x), tensor_value(h0), *map(tensor_value, params))
-            ) is not None:
+    if (problem := dtype_problem(example_tensor(x), example_tensor(h0),
+                                 *map(example_tensor, params))) is not None:
         raise _Decline(problem)
-    expected = value(node)[0].dtype
-    xv, wv, sv = tensor_value(x), tensor_value(params[0]), tensor_value(h0 if c0 is None
-                                                                       else c0)
+    expected = example_value(node)[0].dtype
+    xv, wv = example_tensor(x), example_tensor(params[0])
+    sv = example_tensor(h0 if c0 is None else c0)
     state_dtype = rw.state_dtype_for(sv.dtype, rw.projection_dtype(node, xv, wv), expected)
-    if state_dtype is None or tensor_value(h0).dtype != sv.dtype:
+    if state_dtype is None or example_tensor(h0).dtype != sv.dtype:
         raise _Decline(f"eager returns {expected}, the fused op would not")
     if any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
         raise _Decline("the result is used other than by index")

@@ -40,6 +40,7 @@ from fxopt.passes.swap_recompute.delta import decide_delta
 from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activations
 from fxopt.planner.joint import analyse_joint, build_problem
 from fxopt.planner.plan import Plan, budget_bytes_for
+from fxopt.units import format_mib as _mib
 
 __all__ = ["swap_recompute", "choose_decider", "InfeasibleBudget",
            "place_prefetches", "SWAP_OPS"]
@@ -108,10 +109,6 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     applied = apply_decision(gm, analysis, problem, decision, ctx)
     log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
     return PassResult(gm, bool(applied), stats)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.3g}"
 
 
 def _tensor_rows(problem: ActivationProblem, decision: Decision) -> list[dict[str, object]]:

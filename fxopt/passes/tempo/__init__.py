@@ -22,8 +22,8 @@ import operator
 from collections import Counter
 
 import torch.fx as fx
-from torch.utils._pytree import tree_leaves
 
+from fxopt._compat import tree_leaves
 from fxopt.kernels import tempo as _tempo_ops  # noqa: F401  (registers the ops)
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.tempo.graph import kept_by_neighbour

@@ -19,7 +19,8 @@ import torch.fx as fx
 from fxopt.analysis.shapes import nbytes, numel
 from fxopt.kernels.tempo.bitmask import packed_size
 from fxopt.kernels.tempo.norm import guard_capacity
-from fxopt.passes.tempo.graph import arg, constant_operand, example, is_call, only_user
+from fxopt.passes.tempo.graph import constant_operand, only_user
+from fxopt.passes.torch_calls import arg, example_tensor, is_call
 
 __all__ = ["Site", "MATCHERS"]
 
@@ -45,7 +46,7 @@ def _close(value: float | None, expected: float) -> bool:
 def _gelu_bytes(x: fx.Node) -> int:
     """x replaced by 1 bit per element. A lower bound for GPT-2's formula, whose autograd
     also keeps tanh's output and the products (measured: about 3.5x more)."""
-    value = example(x)
+    value = example_tensor(x)
     return 0 if value is None else nbytes(value) - packed_size(numel(value))
 
 
@@ -99,7 +100,7 @@ def _split_cube_term(inner: fx.Node) -> tuple[fx.Node | None, Any]:
 
 def _norm_bytes(x: fx.Node, n: int, extra_per_row: int) -> int:
     """Eager keeps x (and LayerNorm its mean); tempo keeps rstd and the guarded columns."""
-    value = example(x)
+    value = example_tensor(x)
     if value is None:
         return 0
     rows = numel(value) // n
@@ -121,7 +122,7 @@ def match_layer_norm(node: fx.Node) -> Site | str | None:
         return None
     x, n = node.args[0], _normalized_numel(arg(node, 1, "normalized_shape"))
     weight, bias, eps = arg(node, 2, "weight"), arg(node, 3, "bias"), arg(node, 4, "eps", 1e-5)
-    out = example(node)
+    out = example_tensor(node)
     if n is None or out is None or not isinstance(eps, float):
         return "layer_norm with symbolic shape or eps"
     if guard_capacity(n) * 4 > n:
@@ -135,12 +136,12 @@ def match_rms_norm(node: fx.Node) -> Site | str | None:
     if not is_call(node, "rms_norm"):
         return None
     x, n = node.args[0], _normalized_numel(arg(node, 1, "normalized_shape"))
-    weight, eps, out = arg(node, 2, "weight"), arg(node, 3, "eps"), example(node)
-    if n is None or out is None or example(x) is None:
+    weight, eps, out = arg(node, 2, "weight"), arg(node, 3, "eps"), example_tensor(node)
+    if n is None or out is None or example_tensor(x) is None:
         return "rms_norm with symbolic shape"
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
-    eps = torch.finfo(example(x).dtype).eps if eps is None else eps
+    eps = torch.finfo(example_tensor(x).dtype).eps if eps is None else eps
     return Site("rms_norm", [node], node, node, fxopt_ops.tempo_rms_norm.default,
                 (x, n, weight, float(eps), False, out.dtype), _norm_bytes(x, n, 0), True)
 
@@ -163,25 +164,27 @@ def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
         return None
     replaced = [square, mean, node.args[0], node, scaled]
     x = h
-    if is_call(h, "cast") and example(h) is not None and example(h).dtype == torch.float32:
+    cast_value = example_tensor(h) if is_call(h, "cast") else None
+    if cast_value is not None and cast_value.dtype == torch.float32:
         x = h.args[0]
         if set(h.users) <= {square, scaled}:
             replaced.insert(0, h)
     result, round_before_weight = scaled, False
     cast = only_user(scaled)
-    if is_call(cast, "cast") and example(x) is not None and example(cast) is not None:
-        if example(cast).dtype != example(x).dtype:
+    cast_value = example_tensor(cast) if is_call(cast, "cast") else None
+    if cast_value is not None and example_tensor(x) is not None:
+        if cast_value.dtype != example_tensor(x).dtype:
             return "RMSNorm formula casting to another dtype than its input's"
         result, round_before_weight = cast, True
         replaced.append(cast)
     weight, final = None, only_user(result)
     if is_call(final, "mul") and len(final.args) == 2 and result in final.args:
         other = final.args[1] if final.args[0] is result else final.args[0]
-        value = example(other)
+        value = example_tensor(other)
         if value is not None and value.dim() == 1:
             weight, result = other, final
             replaced.append(final)
-    value, out = example(x), example(result)
+    value, out = example_tensor(x), example_tensor(result)
     if value is None or out is None or not isinstance(value.shape[-1], int):
         return "RMSNorm formula with symbolic sizes"
     n = value.shape[-1]
@@ -207,7 +210,7 @@ def match_attention(node: fx.Node) -> Site | str | None:
     if not isinstance(p, float) or training is not True or inplace:
         return "attention dropout not in training mode, or in place"
     dim, scores, v = arg(softmax, 1, "dim"), softmax.args[0], matmul.args[1]
-    values = [example(n) for n in (softmax, probs, matmul, v)]
+    values = [example_tensor(n) for n in (softmax, probs, matmul, v)]
     if not isinstance(dim, int) or any(t is None for t in values):
         return "attention softmax without a dim"
     s, probs_value, out, v_value = values
