@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MemoryBudget", "Options", "patch", "resolve", "option_docs", "MODES"]
+__all__ = ["MemoryBudget", "OptionError", "Options", "patch", "resolve", "option_docs", "MODES"]
 
 PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer")
 CODEGENS = ("fx", "inductor")
@@ -48,6 +48,13 @@ _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 _PERCENT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+class OptionError(ValueError):
+    """An option the user gave cannot be honoured as given (a plan saved for another graph).
+
+    The pass runner and the compiler raise it instead of falling back: the user asked for
+    exactly this, so running without it would be a silent wrong answer."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +207,9 @@ def _parse_plan_path(value: Any) -> str | None:
         return None
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise TypeError(f"fxopt: option 'plan' must be a path to a plan JSON file, got {value!r}")
+    if os.path.isdir(value):
+        raise ValueError(f"fxopt: option 'plan': {os.fspath(value)!r} is a folder; give a plan "
+                         "JSON file in it (a debug_dir's plans end in .plan.json)")
     if not os.path.isfile(value):
         raise ValueError(f"fxopt: option 'plan': no such file {os.fspath(value)!r}")
     return os.fspath(value)
@@ -241,15 +251,20 @@ def _parse(name: str, value: Any) -> Any:
     raise AssertionError(f"no parser for option {name!r}")  # every field has one above
 
 
-def _check_known(keys: Iterable[str], where: str) -> None:
-    valid = _valid_names()
+def check_names(keys: Iterable[str], valid: Iterable[str], what: str, where: str) -> None:
+    """Raise for the first of ``keys`` not in ``valid``, with a did-you-mean."""
+    valid = tuple(valid)
     for key in keys:
         if key not in valid:
             close = difflib.get_close_matches(str(key), valid, n=1)
             suggestion = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"fxopt: unknown option {key!r} in {where}.{suggestion} "
-                f"Valid options: {', '.join(valid)}.")
+                f"fxopt: unknown {what} {key!r} in {where}.{suggestion} "
+                f"Valid {what}s: {', '.join(valid)}.")
+
+
+def _check_known(keys: Iterable[str], where: str) -> None:
+    check_names(keys, _valid_names(), "option", where)
 
 
 # ---------------------------------------------------------------------------- layers

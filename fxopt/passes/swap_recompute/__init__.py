@@ -20,8 +20,10 @@ bound on that peak; a fraction ``f`` of activation memory means the peak with ev
 kept minus ``(1 - f)`` times the bytes plain autograd saves. A step that already fits is
 left unchanged (``stats["fits"]``); one that cannot fit raises under ``strict`` naming the
 lowest peak the decider reaches, and otherwise warns with that figure and applies that
-plan. On a CPU device swapping frees nothing, so only recompute is offered unless
-``force_swap`` is set, which offers only swapping (the swap path's tests).
+plan. A replayed plan (``plan``) is the user's choice: it is applied as saved, on the graph
+its fingerprint names (another graph is refused). On a CPU device swapping frees nothing,
+so only recompute is offered unless ``force_swap`` is set, which offers only swapping (the
+swap path's tests).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_pr
 from fxopt.passes.swap_recompute.delta import decide_delta
 from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activations
 from fxopt.planner.joint import analyse_joint, build_problem
-from fxopt.planner.plan import Plan, budget_bytes_for
+from fxopt.planner.plan import Plan, budget_bytes_for, graph_fingerprint
 
 __all__ = ["swap_recompute", "choose_decider", "InfeasibleBudget",
            "place_prefetches", "SWAP_OPS"]
@@ -83,6 +85,8 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     problem = build_problem(analysis, bound, profile,
                             recompute=not force_swap, swap=ctx.is_cuda or force_swap,
                             blocking_offload=ctx.options.codegen == "inductor")
+    if saved_plan is not None:
+        saved_plan.check_graph(gm)
     decision = choose_decider(ctx, saved_plan)(problem)
     stats = _stats(budget, estimate, problem, decision)
     if decision.actions:  # the plan in the report and the debug dump, loadable by `plan`
@@ -91,9 +95,10 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                                   activation_bytes=estimate.activation_bytes,
                                   step_seconds=sum(analysis.step_seconds))
         plan.graph = ctx.graph_name
+        plan.fingerprint = graph_fingerprint(gm)
         plan.extra["tensors"] = _tensor_rows(problem, decision)
         stats["plan"] = plan.to_dict()
-    if not decision.feasible:
+    if not decision.feasible and saved_plan is None:  # a replayed plan is the user's choice
         message = (f"fxopt: swap_recompute cannot fit {ctx.graph_name} in memory_budget "
                    f"{budget} (a predicted peak of {_mib(problem.budget_bytes)} MiB): the "
                    f"lowest predicted peak reachable is {_mib(decision.peak_bytes)} MiB "
