@@ -11,7 +11,13 @@ defaults are written once). Values come from four layers, later ones winning:
 4. the ``options`` dict given to ``torch.compile(..., backend="fxopt", options=...)``.
 
 Unknown keys raise ``ValueError`` naming the key and listing the valid ones; a value of the
-wrong type or range raises ``TypeError``/``ValueError`` saying what was expected.
+wrong type or range raises ``TypeError``/``ValueError`` saying what was expected (naming the
+environment variable when it came from one, and an ``FXOPT_*`` variable that is no option is
+refused like a misspelled key). Options that would silently do nothing together
+(``memory_budget`` with ``swap_recompute=False``, ``planner=True`` or ``force_swap=True``
+without a budget, ``inductor_max_autotune`` with ``codegen='fx'``) are refused when the
+:class:`Options` record is built. Checks that need the passes or the planner (pass names in
+``rewrite_limit``, the plan file's contents) are the compiler's (``fxopt.compiler``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MemoryBudget", "OptionError", "Options", "patch", "resolve", "option_docs", "MODES"]
+__all__ = ["MODES", "MemoryBudget", "OptionError", "Options", "option_docs", "patch", "resolve"]
 
 PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer")
 CODEGENS = ("fx", "inductor")
@@ -46,6 +52,7 @@ _UNITS = {
 }
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 _PERCENT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
+_ENV_PREFIX = "FXOPT_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -113,6 +120,25 @@ class Options:
         "doc": "with codegen='inductor': let Inductor autotune its kernels "
                "(set by mode='max-autotune')"})
 
+    def __post_init__(self) -> None:
+        """Refuse combinations in which an option would silently do nothing."""
+        if self.swap_recompute is False:
+            for name in ("memory_budget", "plan"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"fxopt: option {name!r} is carried out by the swap_recompute pass, "
+                        "which swap_recompute=False turns off; drop one of the two")
+        if self.memory_budget is None:
+            if self.planner is True:
+                raise ValueError("fxopt: option 'planner' decides under a memory budget; "
+                                 "set memory_budget too (e.g. 0.5 or '6GiB')")
+            if self.force_swap and self.plan is None:
+                raise ValueError("fxopt: option 'force_swap' applies under a memory budget; "
+                                 "set memory_budget too (e.g. 0.5 or '6GiB')")
+        if self.inductor_max_autotune and self.codegen == "fx":
+            raise ValueError("fxopt: option 'inductor_max_autotune' tunes Inductor's kernels "
+                             "and does nothing with codegen='fx'; set codegen='inductor'")
+
     @property
     def planner_enabled(self) -> bool:
         """The planner runs when asked to, and by default whenever a budget is given."""
@@ -145,36 +171,40 @@ def _format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def parse_memory_budget(value: Any) -> MemoryBudget | None:
-    """Parse a budget: int bytes, "6GiB"/"512 MB"/"50%", or a float fraction in (0, 1]."""
+def parse_memory_budget(value: Any, name: str = "memory_budget") -> MemoryBudget | None:
+    """Parse a budget: int bytes, "6GiB"/"512 MB"/"50%", or a float fraction in (0, 1].
+    ``name`` is what errors call the value (a command-line flag, say)."""
     if value is None or isinstance(value, MemoryBudget):
         return value
     hint = "give bytes as an int, a string like '6GiB' or '512MB', or a fraction in (0, 1]"
     if isinstance(value, bool):
-        raise TypeError(f"fxopt: memory_budget must not be a bool; {hint}")
+        raise TypeError(f"fxopt: {name} must not be a bool; {hint}")
     if isinstance(value, int):
         if value <= 0:
-            raise ValueError(f"fxopt: memory_budget must be positive, got {value}; {hint}")
+            raise ValueError(f"fxopt: {name} must be positive, got {value}; {hint}")
         return MemoryBudget(bytes=value)
     if isinstance(value, float):
         if not 0.0 < value <= 1.0:
             raise ValueError(
-                f"fxopt: a float memory_budget is a fraction of activation memory in (0, 1], "
+                f"fxopt: a float {name} is a fraction of activation memory in (0, 1], "
                 f"got {value}; {hint}")
         return MemoryBudget(fraction=value)
     if isinstance(value, str):
         if m := _PERCENT_RE.match(value):
-            return parse_memory_budget(float(m.group(1)) / 100.0)
+            return parse_memory_budget(float(m.group(1)) / 100.0, name)
         m = _BUDGET_RE.match(value)
         if m is None or m.group(2).lower() not in _UNITS:
             units = ", ".join(u for u in _UNITS if u)
             raise ValueError(
-                f"fxopt: cannot read memory_budget {value!r}; {hint} (units: {units}, or N%)")
+                f"fxopt: cannot read {name} {value!r}; {hint} (units: {units}, or N%)")
         number, unit = float(m.group(1)), m.group(2).lower()
         if not unit and "." in m.group(1):
-            return parse_memory_budget(number)  # "0.5" read from an environment variable
-        return parse_memory_budget(int(number * _UNITS[unit]))
-    raise TypeError(f"fxopt: memory_budget has type {type(value).__name__}; {hint}")
+            return parse_memory_budget(number, name)  # "0.5" from an environment variable
+        if number > 0 and int(number * _UNITS[unit]) == 0:
+            raise ValueError(f"fxopt: {name} {value!r} rounds to 0 bytes; give at least 1 "
+                             "byte, or a fraction such as 0.5")
+        return parse_memory_budget(int(number * _UNITS[unit]), name)
+    raise TypeError(f"fxopt: {name} has type {type(value).__name__}; {hint}")
 
 
 def _parse_flag(name: str, value: Any, *, optional: bool) -> bool | None:
@@ -273,9 +303,19 @@ _patches: list[dict[str, Any]] = []
 
 
 def _from_environment() -> dict[str, Any]:
-    raw = {name: os.environ[f"FXOPT_{name.upper()}"] for name in _valid_names()
-           if f"FXOPT_{name.upper()}" in os.environ}
-    return {name: _parse(name, value) for name, value in raw.items()}
+    variables = {key: value for key, value in os.environ.items() if key.startswith(_ENV_PREFIX)}
+    check_names(variables, [_ENV_PREFIX + name.upper() for name in _valid_names()],
+                "option variable", "the environment")
+    parsed = {}
+    for variable, value in variables.items():
+        name = variable[len(_ENV_PREFIX):].lower()
+        try:
+            parsed[name] = _parse(name, value)
+        except (TypeError, ValueError) as error:
+            reason = str(error).removeprefix("fxopt: ")
+            raise type(error)(f"fxopt: environment variable {variable}={value!r}: "
+                              f"{reason}") from None
+    return parsed
 
 
 def mode_options(mode: str | None) -> dict[str, Any]:
