@@ -40,6 +40,7 @@ from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
 from fxopt.passes.swap_recompute.delta import decide_delta
 from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activations
+from fxopt.planner.greedy import solve_greedy
 from fxopt.planner.joint import analyse_joint, build_problem
 from fxopt.planner.plan import Plan, budget_bytes_for, graph_fingerprint
 
@@ -87,7 +88,7 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                             blocking_offload=ctx.options.codegen == "inductor")
     if saved_plan is not None:
         saved_plan.check_graph(gm)
-    decision = choose_decider(ctx, saved_plan)(problem)
+    decision = _decide(choose_decider(ctx, saved_plan), problem, ctx)
     stats = _stats(budget, estimate, problem, decision)
     if decision.actions:  # the plan in the report and the debug dump, loadable by `plan`
         plan = Plan.from_decision(decision, profile, bound,
@@ -113,6 +114,21 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     applied = apply_decision(gm, analysis, problem, decision, ctx)
     log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
     return PassResult(gm, bool(applied), stats)
+
+
+def _decide(decider: Decider, problem: ActivationProblem, ctx: PassContext) -> Decision:
+    """The decider's answer; a solver that raises (scipy's ``milp``, say) is answered by the
+    greedy solver with a warning, and raises only under ``strict``."""
+    try:
+        return decider(problem)
+    except Exception as error:
+        if decider is not solve_activations or ctx.options.strict:
+            raise
+        warnings.warn(f"fxopt: swap_recompute's solver failed on {ctx.graph_name} "
+                      f"({type(error).__name__}: {error}); used the greedy solver instead. "
+                      "Set options={'strict': True} to raise instead.", stacklevel=3)
+        log.debug("fxopt: traceback of the failed solver", exc_info=True)
+        return solve_greedy(problem, status=f"fallback: solver raised {type(error).__name__}")
 
 
 def _mib(n: int) -> str:
