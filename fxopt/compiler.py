@@ -40,6 +40,7 @@ from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.passes.swap_recompute import place_prefetches
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
+from fxopt.planner.plan import Plan
 
 __all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
 
@@ -84,7 +85,7 @@ class Backend:
 
     def __init__(self, options: Mapping[str, Any] | None = None, mode: str | None = None,
                  *, instruments: Sequence[Instrument] = ()) -> None:
-        config.resolve(options, mode)
+        _resolve(options, mode)
         self._options = dict(options or {})
         self._mode = mode
         self._instruments = tuple(instruments)
@@ -102,7 +103,7 @@ class Backend:
         if unknown:
             raise TypeError(f"fxopt backend got unexpected arguments {sorted(unknown)}")
         options = {**self._options, **(kwargs.get("options") or {})}
-        resolved = config.resolve(options, kwargs.get("mode", self._mode))
+        resolved = _resolve(options, kwargs.get("mode", self._mode))
         compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments)
         self.graphs.append(compiler.record)
         return compiler.compile(gm, example_inputs)
@@ -119,6 +120,18 @@ def fxopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                   mode: str | None = None) -> Callable[..., Any]:
     """The ``torch_dynamo_backends`` entry point (``backend="fxopt"``)."""
     return Backend(options, mode)(gm, example_inputs)
+
+
+def _resolve(options: Mapping[str, Any] | None, mode: str | None) -> Options:
+    """:func:`fxopt.config.resolve` plus the checks that need the passes and the planner:
+    every pass named in ``rewrite_limit`` exists, and the ``plan`` file is a plan. Both are
+    the user's explicit request, so they raise here rather than warn in the pass."""
+    resolved = config.resolve(options, mode)
+    config.check_names(resolved.rewrite_limit or {}, [spec.name for spec in PIPELINE],
+                       "pass", "rewrite_limit")
+    if resolved.plan is not None:
+        Plan.load(resolved.plan)
+    return resolved
 
 
 def _device_of(values: Sequence[Any]) -> torch.device:
@@ -153,8 +166,8 @@ class _GraphCompiler:
         _warn_unavailable(self.options)
         try:
             compiled = self._compile_stages(gm, example_inputs)
-        except PassFailure:
-            raise  # strict, already explained
+        except (PassFailure, config.OptionError):
+            raise  # strict, or an option that cannot be honoured: already explained
         except Exception as exc:
             # fxopt's own machinery (AOTAutograd tracing, a partitioner, a code generator)
             # failed: run the graph as Dynamo captured it, which is eager and correct.

@@ -11,7 +11,13 @@ defaults are written once). Values come from four layers, later ones winning:
 4. the ``options`` dict given to ``torch.compile(..., backend="fxopt", options=...)``.
 
 Unknown keys raise ``ValueError`` naming the key and listing the valid ones; a value of the
-wrong type or range raises ``TypeError``/``ValueError`` saying what was expected.
+wrong type or range raises ``TypeError``/``ValueError`` saying what was expected (naming the
+environment variable when it came from one, and an ``FXOPT_*`` variable that is no option is
+refused like a misspelled key). Options that would silently do nothing together
+(``memory_budget`` with ``swap_recompute=False``, ``planner=True`` or ``force_swap=True``
+without a budget, ``inductor_max_autotune`` with ``codegen='fx'``) are refused when the
+:class:`Options` record is built. Checks that need the passes or the planner (pass names in
+``rewrite_limit``, the plan file's contents) are the compiler's (``fxopt.compiler``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 from fxopt.units import UNITS, format_bytes, parse_bytes
 
-__all__ = ["MemoryBudget", "Options", "patch", "resolve", "option_docs", "MODES"]
+__all__ = ["MODES", "MemoryBudget", "OptionError", "Options", "option_docs", "patch", "resolve"]
 
 PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer")
 CODEGENS = ("fx", "inductor")
@@ -43,8 +49,16 @@ MODES: dict[str, dict[str, Any]] = {
 
 _FRACTION_RE = re.compile(r"^\s*[0-9]*\.[0-9]+\s*$")
 _PERCENT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
+_ENV_PREFIX = "FXOPT_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+class OptionError(ValueError):
+    """An option the user gave cannot be honoured as given (a plan saved for another graph).
+
+    The pass runner and the compiler raise it instead of falling back: the user asked for
+    exactly this, so running without it would be a silent wrong answer."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,25 @@ class Options:
         "doc": "with codegen='inductor': let Inductor autotune its kernels "
                "(set by mode='max-autotune')"})
 
+    def __post_init__(self) -> None:
+        """Refuse combinations in which an option would silently do nothing."""
+        if self.swap_recompute is False:
+            for name in ("memory_budget", "plan"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"fxopt: option {name!r} is carried out by the swap_recompute pass, "
+                        "which swap_recompute=False turns off; drop one of the two")
+        if self.memory_budget is None:
+            if self.planner is True:
+                raise ValueError("fxopt: option 'planner' decides under a memory budget; "
+                                 "set memory_budget too (e.g. 0.5 or '6GiB')")
+            if self.force_swap and self.plan is None:
+                raise ValueError("fxopt: option 'force_swap' applies under a memory budget; "
+                                 "set memory_budget too (e.g. 0.5 or '6GiB')")
+        if self.inductor_max_autotune and self.codegen == "fx":
+            raise ValueError("fxopt: option 'inductor_max_autotune' tunes Inductor's kernels "
+                             "and does nothing with codegen='fx'; set codegen='inductor'")
+
     @property
     def planner_enabled(self) -> bool:
         """The planner runs when asked to, and by default whenever a budget is given."""
@@ -128,36 +161,40 @@ def _valid_names() -> tuple[str, ...]:
 # ---------------------------------------------------------------------------- parsing
 
 
-def parse_memory_budget(value: Any) -> MemoryBudget | None:
-    """Parse a budget: int bytes, "6GiB"/"512 MB"/"50%", or a float fraction in (0, 1]."""
+def parse_memory_budget(value: Any, name: str = "memory_budget") -> MemoryBudget | None:
+    """Parse a budget: int bytes, "6GiB"/"512 MB"/"50%", or a float fraction in (0, 1].
+    ``name`` is what errors call the value (a command-line flag, say)."""
     if value is None or isinstance(value, MemoryBudget):
         return value
     hint = "give bytes as an int, a string like '6GiB' or '512MB', or a fraction in (0, 1]"
     if isinstance(value, bool):
-        raise TypeError(f"fxopt: memory_budget must not be a bool; {hint}")
+        raise TypeError(f"fxopt: {name} must not be a bool; {hint}")
     if isinstance(value, int):
         if value <= 0:
-            raise ValueError(f"fxopt: memory_budget must be positive, got {value}; {hint}")
+            raise ValueError(f"fxopt: {name} must be positive, got {value}; {hint}")
         return MemoryBudget(bytes=value)
     if isinstance(value, float):
         if not 0.0 < value <= 1.0:
             raise ValueError(
-                f"fxopt: a float memory_budget is a fraction of activation memory in (0, 1], "
+                f"fxopt: a float {name} is a fraction of activation memory in (0, 1], "
                 f"got {value}; {hint}")
         return MemoryBudget(fraction=value)
     if isinstance(value, str):
         if m := _PERCENT_RE.match(value):
-            return parse_memory_budget(float(m.group(1)) / 100.0)
+            return parse_memory_budget(float(m.group(1)) / 100.0, name)
         if _FRACTION_RE.match(value):
-            return parse_memory_budget(float(value))  # "0.5" read from an environment variable
+            return parse_memory_budget(float(value), name)  # "0.5" from an environment variable
         try:
             count = parse_bytes(value)
         except ValueError:
             units = ", ".join(u for u in UNITS if u)
-            raise ValueError(f"fxopt: cannot read memory_budget {value!r}; {hint} "
+            raise ValueError(f"fxopt: cannot read {name} {value!r}; {hint} "
                              f"(units: {units}, or N%)") from None
-        return parse_memory_budget(count)
-    raise TypeError(f"fxopt: memory_budget has type {type(value).__name__}; {hint}")
+        if count == 0 and re.search(r"[1-9]", value):
+            raise ValueError(f"fxopt: {name} {value!r} rounds to 0 bytes; give at least 1 "
+                             "byte, or a fraction such as 0.5")
+        return parse_memory_budget(count, name)
+    raise TypeError(f"fxopt: {name} has type {type(value).__name__}; {hint}")
 
 
 def _parse_flag(name: str, value: Any, *, optional: bool) -> bool | None:
@@ -190,6 +227,9 @@ def _parse_plan_path(value: Any) -> str | None:
         return None
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise TypeError(f"fxopt: option 'plan' must be a path to a plan JSON file, got {value!r}")
+    if os.path.isdir(value):
+        raise ValueError(f"fxopt: option 'plan': {os.fspath(value)!r} is a folder; give a plan "
+                         "JSON file in it (a debug_dir's plans end in .plan.json)")
     if not os.path.isfile(value):
         raise ValueError(f"fxopt: option 'plan': no such file {os.fspath(value)!r}")
     return os.fspath(value)
@@ -231,15 +271,20 @@ def _parse(name: str, value: Any) -> Any:
     raise AssertionError(f"no parser for option {name!r}")  # every field has one above
 
 
-def _check_known(keys: Iterable[str], where: str) -> None:
-    valid = _valid_names()
+def check_names(keys: Iterable[str], valid: Iterable[str], what: str, where: str) -> None:
+    """Raise for the first of ``keys`` not in ``valid``, with a did-you-mean."""
+    valid = tuple(valid)
     for key in keys:
         if key not in valid:
             close = difflib.get_close_matches(str(key), valid, n=1)
             suggestion = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"fxopt: unknown option {key!r} in {where}.{suggestion} "
-                f"Valid options: {', '.join(valid)}.")
+                f"fxopt: unknown {what} {key!r} in {where}.{suggestion} "
+                f"Valid {what}s: {', '.join(valid)}.")
+
+
+def _check_known(keys: Iterable[str], where: str) -> None:
+    check_names(keys, _valid_names(), "option", where)
 
 
 # ---------------------------------------------------------------------------- layers
@@ -248,9 +293,19 @@ _patches: list[dict[str, Any]] = []
 
 
 def _from_environment() -> dict[str, Any]:
-    raw = {name: os.environ[f"FXOPT_{name.upper()}"] for name in _valid_names()
-           if f"FXOPT_{name.upper()}" in os.environ}
-    return {name: _parse(name, value) for name, value in raw.items()}
+    variables = {key: value for key, value in os.environ.items() if key.startswith(_ENV_PREFIX)}
+    check_names(variables, [_ENV_PREFIX + name.upper() for name in _valid_names()],
+                "option variable", "the environment")
+    parsed = {}
+    for variable, value in variables.items():
+        name = variable[len(_ENV_PREFIX):].lower()
+        try:
+            parsed[name] = _parse(name, value)
+        except (TypeError, ValueError) as error:
+            reason = str(error).removeprefix("fxopt: ")
+            raise type(error)(f"fxopt: environment variable {variable}={value!r}: "
+                              f"{reason}") from None
+    return parsed
 
 
 def mode_options(mode: str | None) -> dict[str, Any]:

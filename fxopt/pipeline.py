@@ -5,7 +5,8 @@ runs (flag, default policy, availability), gives it a private copy of the graph,
 lints and recompiles what it returns, refreshes missing fake values, predicts memory before
 and after, tells the instruments (explain's recorder, the debug dumper) and, when the pass
 raises, keeps the untouched graph and warns naming the pass and the graph (training goes on,
-correct), or raises under ``strict``. Passes never do any of this themselves.
+correct), or raises under ``strict``; an ``OptionError`` (an option the user gave that
+cannot be honoured) always raises. Passes never do any of this themselves.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.fx as fx
 
 from fxopt import _compat
 from fxopt.analysis.shapes import ensure_fake_values
+from fxopt.config import OptionError
 from fxopt.passes import PassContext, PassSpec, RewriteCounter, Stage, passes_for
 
 if TYPE_CHECKING:
@@ -139,6 +141,8 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
             if ctx.stage is not Stage.PRE_AUTOGRAD:  # Dynamo's graph needs no fake values
                 ensure_fake_values(out)
             out.recompile()
+    except OptionError:
+        raise  # the user's explicit request cannot be honoured: never a silent fallback
     except Exception as exc:
         record.seconds = time.perf_counter() - start
         record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"

@@ -58,7 +58,7 @@ def _cap(text: str | None, device: torch.device) -> int | None:  # noqa: F821
         return None
     if text == "none":
         return None
-    budget = parse_memory_budget(text)
+    budget = parse_memory_budget(text, "--memory-cap")
     if budget is None or budget.bytes is None:
         raise ValueError(f"--memory-cap takes bytes such as 16GiB or 512MB, not {text!r}")
     return budget.bytes
@@ -95,7 +95,7 @@ def run_bench(args: argparse.Namespace) -> int:
             memory_cap=_cap(args.memory_cap, device),
             max_batch=args.max_batch or (16 if args.smoke else 1024))
     except (ValueError, TypeError) as exc:
-        print(f"fxopt bench: {exc}", file=sys.stderr)
+        print(f"fxopt bench: {str(exc).removeprefix('fxopt: ')}", file=sys.stderr)
         return 2
     command = "python -m fxopt bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
                                                     else sys.argv[1:])

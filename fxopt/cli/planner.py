@@ -81,14 +81,14 @@ def _plan(args: argparse.Namespace) -> int:
 
     try:
         model, inputs = load_target(args.target)
-        budget = parse_memory_budget(args.budget) if args.budget else None
-        fit = parse_memory_budget(args.fit) if args.fit else None
+        budget = parse_memory_budget(args.budget, "--budget") if args.budget else None
+        fit = parse_memory_budget(args.fit, "--fit") if args.fit else None
         if fit is not None and (fit.bytes is None or not args.dynamic):
             raise ValueError("--fit takes bytes (e.g. 6GiB) and needs --dynamic")
         if args.save and budget is None:
             raise ValueError("--save needs --budget")
     except (ValueError, TypeError, ImportError) as error:
-        print(f"fxopt plan: {error}", file=sys.stderr)
+        print(f"fxopt plan: {str(error).removeprefix('fxopt: ')}", file=sys.stderr)
         return 2
     device = next((t.device for t in inputs if hasattr(t, "device")), None)
     hardware = profile_for(device or "cpu")

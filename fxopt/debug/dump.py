@@ -16,8 +16,10 @@ Layout, numbered in pipeline order per Dynamo graph (``NN`` counts per graph):
   numbers restart in each process, so a process's first dump replaces the index an
   earlier run left there (its files are overwritten or left unlisted).
 
-It is an instrument: it only observes, and a failure to write is logged, never raised
-into training.
+It is an instrument: it only observes, and a failure to write is never raised into
+training: the first one is logged as one warning naming the directory (the traceback only at
+debug level), and the dump then stops for this compilation (a ``DebugDump`` per Dynamo
+graph), so an unwritable ``debug_dir`` costs one line per compile, not one per file.
 """
 
 from __future__ import annotations
@@ -58,10 +60,13 @@ class DebugDump:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._counters: dict[str, int] = {}
+        self._failed = False
 
     def stage_started(self, ctx: PassContext, gm: fx.GraphModule) -> None:
+        if self._failed:
+            return
         graph, kind = ctx.graph_name.split("/")
-        with _logged_failure(self.root):
+        with self._logged_failure():
             estimate = _estimate(ctx, gm)
             entry = self._write(graph, gm, stage=ctx.stage.value, kind=kind, what="input",
                                 pass_name=None, memory=estimate)
@@ -71,10 +76,10 @@ class DebugDump:
     def pass_finished(self, record: PassRecord, before: fx.GraphModule,
                       after: fx.GraphModule) -> None:
         plan = _plan_text(record)
-        if record.status != "changed" and plan is None:
+        if self._failed or (record.status != "changed" and plan is None):
             return
         graph, kind = record.graph.split("/")
-        with _logged_failure(self.root):
+        with self._logged_failure():
             common = dict(stage=record.stage, kind=kind, what=record.name,
                           pass_name=record.name)
             if record.status == "changed":
@@ -86,6 +91,17 @@ class DebugDump:
                 entry["plan"] = f"{entry['stem']}.plan.json"
                 (self.root / entry["plan"]).write_text(plan)
             self._add_to_index(entry)
+
+    @contextlib.contextmanager
+    def _logged_failure(self) -> Iterator[None]:
+        """A write's failure is one warning, and stops the dump (see the module doc)."""
+        try:
+            yield
+        except Exception as exc:
+            self._failed = True
+            log.warning("fxopt: cannot write the debug dump to %s (%s: %s); no dump for "
+                        "this compilation", self.root, type(exc).__name__, exc)
+            log.debug("fxopt: traceback of the failed dump", exc_info=True)
 
     def _entry(self, graph: str, *, stage: str, kind: str, what: str,
                pass_name: str | None, status: str) -> dict[str, Any]:
@@ -153,12 +169,3 @@ def _estimate(ctx: PassContext, gm: fx.GraphModule) -> MemoryEstimate | None:
         log.info("fxopt: no memory prediction for the dump of %s", ctx.graph_name,
                  exc_info=True)
         return None
-
-
-@contextlib.contextmanager
-def _logged_failure(root: Path) -> Iterator[None]:
-    """Any failure to dump is logged with the directory, never raised into training."""
-    try:
-        yield
-    except Exception:
-        log.warning("fxopt: could not write the debug dump to %s", root, exc_info=True)

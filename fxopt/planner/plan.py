@@ -7,6 +7,11 @@ explain, dumped with the debug dir, and loaded again (``Plan.load``) to reproduc
 without solving: :meth:`Plan.decider` is a decider with the solver's signature that
 replays the recorded actions.
 
+A plan is keyed by its joint graph's fingerprint (:func:`graph_fingerprint`: every node's
+name, target, shapes and dtypes), so a plan replays only on the graph it was made for;
+:meth:`Plan.check_graph` refuses another one (other sizes included) naming the first node
+that differs. A file that is not a plan, or a plan of another version, is refused at load.
+
 :func:`plan_for_joint_graph` is the compile path's entry: joint graph in, plan out. It
 never edits the graph; the ``swap_recompute`` pass applies the plan's actions.
 """
@@ -24,16 +29,18 @@ from typing import Any
 
 from torch import fx
 
+from fxopt.config import OptionError
 from fxopt.planner.activations import ACTIONS, ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.joint import activation_problem
 from fxopt.planner.milp import DEFAULT_TIME_LIMIT, solve_activations
 
-__all__ = ["PLAN_VERSION", "Plan", "budget_bytes_for", "plan_for_joint_graph"]
+__all__ = ["PLAN_VERSION", "Plan", "budget_bytes_for", "graph_fingerprint",
+           "plan_for_joint_graph"]
 
 log = logging.getLogger(__name__)
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: plans carry their graph's fingerprint
 
 
 @dataclass
@@ -49,13 +56,14 @@ class Plan:
     planning_seconds: float
     feasible: bool = True
     graph: str = ""
+    fingerprint: list[str] = field(default_factory=list)
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.version != PLAN_VERSION:
             raise ValueError(f"fxopt: plan version {self.version} is not supported "
-                             f"(this fxopt reads version {PLAN_VERSION})")
+                             f"(this fxopt reads version {PLAN_VERSION}); plan it again")
         bad = {n: a for n, a in self.actions.items() if a not in ACTIONS}
         if bad:
             raise ValueError(f"fxopt: plan has unknown actions {bad}; valid: {ACTIONS}")
@@ -84,16 +92,40 @@ class Plan:
                                  f"match this graph ({error}); plan it again") from error
         return replay
 
+    def check_graph(self, joint_gm: fx.GraphModule) -> None:
+        """Refuse to replay on a graph other than the one planned (``OptionError``)."""
+        mine, theirs = self.fingerprint, graph_fingerprint(joint_gm)
+        if mine == theirs:
+            return
+        index = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
+                     min(len(mine), len(theirs)))
+        planned = mine[index] if index < len(mine) else "(the plan's graph ends here)"
+        found = theirs[index] if index < len(theirs) else "(this graph ends here)"
+        raise OptionError(
+            f"fxopt: the plan of graph {self.graph or '?'} was made for another graph: node "
+            f"{index} is {planned!r} in the plan and {found!r} here; plan this model again "
+            "(fxopt plan --save, or a debug_dir's *.plan.json)")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
+        all_fields = {f.name: f for f in fields(cls)}
+        unknown = set(data) - set(all_fields)
         if unknown:
             raise ValueError(f"fxopt: unknown plan fields {sorted(unknown)}; "
-                             f"valid: {sorted(names)}")
+                             f"valid: {sorted(all_fields)}")
+        required = {name for name, f in all_fields.items()
+                    if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
+        if missing := sorted(required - set(data)):
+            raise ValueError(f"fxopt: the plan lacks the fields {missing}")
+        for name, kind in (("actions", dict), ("hardware", dict), ("predictions", dict),
+                           ("fingerprint", list)):
+            if name in data and not isinstance(data[name], kind):
+                raise ValueError(f"fxopt: the plan's {name!r} must be a JSON "
+                                 f"{'object' if kind is dict else 'array'}")
         return cls(**data)
 
     def save(self, path: str | Path) -> Path:
@@ -103,13 +135,35 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
+        """The plan in ``path``; a ``ValueError`` naming the file when it is not one."""
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as error:
             raise ValueError(f"fxopt: {path} is not a plan (bad JSON: {error})") from error
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"fxopt: cannot read the plan {path}: {error}") from error
         if not isinstance(data, dict):
             raise ValueError(f"fxopt: {path} is not a plan (a JSON object is expected)")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            reason = str(error).removeprefix("fxopt: ")
+            raise ValueError(f"fxopt: {path} is not a usable plan: {reason}") from None
+
+
+def graph_fingerprint(gm: fx.GraphModule) -> list[str]:
+    """One line per node: name, target, and the shape and dtype of each tensor it makes.
+    Two graphs with the same fingerprint have the same saved tensors, of the same sizes."""
+    def value(v: Any) -> str:
+        if isinstance(v, (tuple, list)):
+            return "(" + ", ".join(value(x) for x in v) + ")"
+        shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
+        if shape is None or dtype is None:
+            return "-"
+        return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+
+    return [f"{n.name} {n.op} {getattr(n.target, '__name__', n.target)} "
+            f"{value(n.meta.get('val'))}" for n in gm.graph.nodes]
 
 
 def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> int:
@@ -151,6 +205,7 @@ def plan_for_joint_graph(joint_gm: fx.GraphModule, num_fwd_outputs: int, options
                               activation_bytes=memory.activation_bytes,
                               step_seconds=sum(analysis.step_seconds))
     plan.graph = name
+    plan.fingerprint = graph_fingerprint(joint_gm)
     plan.planning_seconds = time.perf_counter() - began
     plan.extra["saved_tensors_with_choices"] = len(problem.activations)
     if not plan.feasible:

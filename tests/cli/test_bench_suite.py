@@ -32,6 +32,7 @@ def test_smoke_run_writes_results_and_a_summary(tmp_path, capsys):
     (["--workloads", "gpt5"], "unknown workload"),
     (["--configs", "fastest"], "unknown configuration"),
     (["--memory-cap", "50%"], "--memory-cap takes bytes"),
+    (["--memory-cap", "0"], "fxopt bench: --memory-cap must be positive"),
     (["--steps", "0"], "--steps must be positive"),
 ])
 def test_bad_arguments_exit_2(tmp_path, capsys, argv, message):

@@ -35,7 +35,8 @@ def test_plan_prints_the_frontier_solves_a_budget_and_fits_a_batch(tmp_path, cap
     (["plan", "missing_file.py"], "no such script"),
     (["plan", TARGET, "--save", "p.json"], "--save needs --budget"),
     (["plan", TARGET, "--fit", "1GiB"], "needs --dynamic"),
-    (["plan", TARGET, "--budget", "6 gigs"], "memory_budget"),
+    (["plan", TARGET, "--budget", "6 gigs"], "fxopt plan: cannot read --budget '6 gigs'"),
+    (["plan", TARGET, "--budget", "0.0000001KB"], "rounds to 0 bytes"),
 ])
 def test_plan_refuses_bad_input_with_a_message(argv, error, capsys):
     assert main(argv) == 2

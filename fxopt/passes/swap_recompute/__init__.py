@@ -20,8 +20,10 @@ bound on that peak; a fraction ``f`` of activation memory means the peak with ev
 kept minus ``(1 - f)`` times the bytes plain autograd saves. A step that already fits is
 left unchanged (``stats["fits"]``); one that cannot fit raises under ``strict`` naming the
 lowest peak the decider reaches, and otherwise warns with that figure and applies that
-plan. On a CPU device swapping frees nothing, so only recompute is offered unless
-``force_swap`` is set, which offers only swapping (the swap path's tests).
+plan. A replayed plan (``plan``) is the user's choice: it is applied as saved, on the graph
+its fingerprint names (another graph is refused). On a CPU device swapping frees nothing,
+so only recompute is offered unless ``force_swap`` is set, which offers only swapping (the
+swap path's tests).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
 from fxopt.passes.swap_recompute.delta import decide_delta
 from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activations
+from fxopt.planner.greedy import solve_greedy
 from fxopt.planner.joint import analyse_joint, build_problem
-from fxopt.planner.plan import Plan, budget_bytes_for
+from fxopt.planner.plan import Plan, budget_bytes_for, graph_fingerprint
 from fxopt.units import format_mib as _mib
 
 __all__ = ["swap_recompute", "choose_decider", "InfeasibleBudget",
@@ -84,7 +87,9 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     problem = build_problem(analysis, bound, profile,
                             recompute=not force_swap, swap=ctx.is_cuda or force_swap,
                             blocking_offload=ctx.options.codegen == "inductor")
-    decision = choose_decider(ctx, saved_plan)(problem)
+    if saved_plan is not None:
+        saved_plan.check_graph(gm)
+    decision = _decide(choose_decider(ctx, saved_plan), problem, ctx)
     stats = _stats(budget, estimate, problem, decision)
     if decision.actions:  # the plan in the report and the debug dump, loadable by `plan`
         plan = Plan.from_decision(decision, profile, bound,
@@ -92,9 +97,10 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                                   activation_bytes=estimate.activation_bytes,
                                   step_seconds=sum(analysis.step_seconds))
         plan.graph = ctx.graph_name
+        plan.fingerprint = graph_fingerprint(gm)
         plan.extra["tensors"] = _tensor_rows(problem, decision)
         stats["plan"] = plan.to_dict()
-    if not decision.feasible:
+    if not decision.feasible and saved_plan is None:  # a replayed plan is the user's choice
         message = (f"fxopt: swap_recompute cannot fit {ctx.graph_name} in memory_budget "
                    f"{budget} (a predicted peak of {_mib(problem.budget_bytes)} MiB): the "
                    f"lowest predicted peak reachable is {_mib(decision.peak_bytes)} MiB "
@@ -109,6 +115,21 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     applied = apply_decision(gm, analysis, problem, decision, ctx)
     log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
     return PassResult(gm, bool(applied), stats)
+
+
+def _decide(decider: Decider, problem: ActivationProblem, ctx: PassContext) -> Decision:
+    """The decider's answer; a solver that raises (scipy's ``milp``, say) is answered by the
+    greedy solver with a warning, and raises only under ``strict``."""
+    try:
+        return decider(problem)
+    except Exception as error:
+        if decider is not solve_activations or ctx.options.strict:
+            raise
+        warnings.warn(f"fxopt: swap_recompute's solver failed on {ctx.graph_name} "
+                      f"({type(error).__name__}: {error}); used the greedy solver instead. "
+                      "Set options={'strict': True} to raise instead.", stacklevel=3)
+        log.debug("fxopt: traceback of the failed solver", exc_info=True)
+        return solve_greedy(problem, status=f"fallback: solver raised {type(error).__name__}")
 
 
 def _tensor_rows(problem: ActivationProblem, decision: Decision) -> list[dict[str, object]]:
