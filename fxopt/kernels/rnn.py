@@ -251,7 +251,7 @@ if triton_installed():
         tl.store(dh_prev_out + idx, (dh * z).to(dh_prev_out.dtype.element_ty), mask=mask)
 
 
-_BLOCK = 256
+_BLOCK = 1024  # 8 elements per thread at 4 warps: 128-bit accesses for bf16 and fp16
 
 
 def _grid(n: int) -> tuple[int]:
