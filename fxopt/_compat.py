@@ -20,6 +20,7 @@ __all__ = [
     "aot_autograd", "default_partition", "min_cut_partition", "inductor_partition",
     "inductor_inference_passes", "inductor_decompositions",
     "inductor_compile", "boxed_fx_callable", "graph_break_counts",
+    "dynamo_traces_rnn",
 ]
 
 
@@ -143,6 +144,14 @@ def graph_break_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return dict(counters["graph_break"])
+
+
+def dynamo_traces_rnn() -> bool:
+    """Whether Dynamo traces ``nn.RNN``/``nn.LSTM``/``nn.GRU`` into its graph
+    (``torch._dynamo.config.allow_rnn``); otherwise it breaks the graph at them."""
+    import torch._dynamo.config as dynamo_config
+
+    return bool(dynamo_config.allow_rnn)
 
 
 def fake_mode_of(values: Sequence[Any]) -> Any:
