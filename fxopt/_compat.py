@@ -26,7 +26,8 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
-    "boxed_fx_callable", "copy_graph", "default_partition", "fake_mode_of",
+    "boxed_fx_callable", "copy_graph", "default_partition", "dynamo_traces_rnn",
+    "fake_mode_of",
     "graph_break_counts", "inductor_compile", "inductor_decompositions",
     "inductor_inference_passes", "inductor_partition", "is_dynamo_protocol_error",
     "is_op_overload", "is_symbolic", "min_cut_partition", "op_alias_sets", "size_hint",
@@ -173,6 +174,14 @@ def graph_break_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return dict(counters["graph_break"])
+
+
+def dynamo_traces_rnn() -> bool:
+    """Whether Dynamo traces ``nn.RNN``/``nn.LSTM``/``nn.GRU`` into its graph
+    (``torch._dynamo.config.allow_rnn``); otherwise it breaks the graph at them."""
+    import torch._dynamo.config as dynamo_config
+
+    return bool(dynamo_config.allow_rnn)
 
 
 def fake_mode_of(values: Sequence[Any]) -> Any:

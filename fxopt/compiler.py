@@ -56,9 +56,11 @@ class GraphRecord:
 
     ``graphs`` holds the final graph module per kind ("dynamo", "joint", "forward",
     "backward" or "inference"); ``memory`` the predicted step memory of plain autograd
-    ("autograd", from the joint graph as AOTAutograd traced it) and of what fxopt runs
-    ("fxopt", once the backward is compiled, or the inference graph); ``cost`` the FLOPs
-    and bytes moved of each final forward/backward/inference graph.
+    ("autograd": the joint graph of Dynamo's graph without any fxopt pass; absent when a
+    pre-autograd pass changed the graph and the backend was not asked to trace the plain
+    graph as well, see :class:`Backend`) and of what fxopt runs ("fxopt", once the
+    backward is compiled, or the inference graph); ``cost`` the FLOPs and bytes moved of
+    each final forward/backward/inference graph.
     """
 
     name: str
@@ -81,14 +83,21 @@ class Backend:
     Options are validated here (errors surface at once, not at the first call) and
     resolved again at each compilation so that an active :func:`fxopt.config.patch`
     applies. ``graphs`` lists a :class:`GraphRecord` per compiled Dynamo graph.
+
+    ``plain_baseline=True`` (explain uses it) also traces Dynamo's graph through
+    AOTAutograd without fxopt's passes whenever a pre-autograd pass changed it, so that
+    ``memory["autograd"]`` is plain autograd's and not the pre-autograd passes' result; it
+    costs one more AOTAutograd trace per such graph, hence off for ordinary compilation.
     """
 
     def __init__(self, options: Mapping[str, Any] | None = None, mode: str | None = None,
-                 *, instruments: Sequence[Instrument] = ()) -> None:
+                 *, instruments: Sequence[Instrument] = (), plain_baseline: bool = False
+                 ) -> None:
         _resolve(options, mode)
         self._options = dict(options or {})
         self._mode = mode
         self._instruments = tuple(instruments)
+        self._plain_baseline = plain_baseline
         self.graphs: list[GraphRecord] = []
 
     def __repr__(self) -> str:  # Dynamo's error messages name the backend with this
@@ -104,7 +113,8 @@ class Backend:
             raise TypeError(f"fxopt backend got unexpected arguments {sorted(unknown)}")
         options = {**self._options, **(kwargs.get("options") or {})}
         resolved = _resolve(options, kwargs.get("mode", self._mode))
-        compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments)
+        compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments,
+                                  self._plain_baseline)
         self.graphs.append(compiler.record)
         return compiler.compile(gm, example_inputs)
 
@@ -151,9 +161,10 @@ def _debug_instruments(options: Options) -> tuple[Instrument, ...]:
 class _GraphCompiler:
     """Compiles one Dynamo graph: runs the stages and keeps the record."""
 
-    def __init__(self, options: Options, name: str,
-                 instruments: tuple[Instrument, ...]) -> None:
+    def __init__(self, options: Options, name: str, instruments: tuple[Instrument, ...],
+                 plain_baseline: bool = False) -> None:
         self.options = options
+        self.plain_baseline = plain_baseline
         self.record = GraphRecord(name=name, options=options)
         self.instruments = instruments + _debug_instruments(options)
         self.device = torch.device("cpu")
@@ -185,8 +196,13 @@ class _GraphCompiler:
     def _compile_stages(self, gm: fx.GraphModule, example_inputs: Sequence[Any]
                         ) -> Callable[..., Any]:
         ctx = self._context(Stage.PRE_AUTOGRAD, GraphKind.DYNAMO, example_inputs)
+        plain = gm
         gm = run_stage(Stage.PRE_AUTOGRAD, gm, ctx, self.record.passes, self.instruments)
         self.record.graphs["dynamo"] = gm
+        if gm is not plain:  # a pre-autograd pass changed it: the joint graph is not plain
+            self.record.memory["autograd"] = (
+                _report_only(_plain_joint_memory(example_inputs), plain)
+                if self.plain_baseline else None)
         inductor = self.options.codegen == "inductor"
         aot = _compat.aot_autograd(
             fw_compiler=self._compile_forward,
@@ -214,7 +230,7 @@ class _GraphCompiler:
         def estimate(gm: fx.GraphModule) -> MemoryEstimate:
             return estimate_joint_memory(gm, num_fwd_outputs)
 
-        self.record.memory["autograd"] = _report_only(estimate, joint)
+        self.record.memory.setdefault("autograd", _report_only(estimate, joint))
         ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
                             num_fwd_outputs=num_fwd_outputs)
         joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
@@ -286,6 +302,54 @@ class _GraphCompiler:
         return _compat.inductor_compile(
             gm, example_inputs, is_backward=stage is Stage.BACKWARD, is_inference=inference,
             max_autotune=self.options.inductor_max_autotune)
+
+
+def _plain_joint_memory(example_inputs: Sequence[Any]
+                        ) -> Callable[[fx.GraphModule], MemoryEstimate | None]:
+    """Plain autograd's predicted step memory of a Dynamo graph: AOTAutograd traces it as
+    fxopt's own compilation does (same flags), nothing compiled is kept."""
+    def plain_joint_memory(gm: fx.GraphModule) -> MemoryEstimate | None:
+        found: list[MemoryEstimate] = []
+
+        def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                      **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+            found.append(estimate_joint_memory(joint, num_fwd_outputs))
+            return _compat.default_partition(joint, joint_inputs,
+                                             num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+        def as_is(g: fx.GraphModule, _: Any) -> Any:
+            return _compat.boxed_fx_callable(g)
+
+        aot = _compat.aot_autograd(fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition,
+                                   keep_inference_input_mutations=True)
+        aot(copy_graph_module(gm), list(example_inputs))
+        return found[0] if found else None
+
+    return plain_joint_memory
+
+
+def _plain_joint_memory(example_inputs: Sequence[Any]
+                        ) -> Callable[[fx.GraphModule], MemoryEstimate | None]:
+    """Plain autograd's predicted step memory of a Dynamo graph: AOTAutograd traces it as
+    fxopt's own compilation does (same flags), nothing compiled is kept."""
+    def plain_joint_memory(gm: fx.GraphModule) -> MemoryEstimate | None:
+        found: list[MemoryEstimate] = []
+
+        def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                      **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+            found.append(estimate_joint_memory(joint, num_fwd_outputs))
+            return _compat.default_partition(joint, joint_inputs,
+                                             num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+        def as_is(g: fx.GraphModule, _: Any) -> Any:
+            return _compat.boxed_fx_callable(g)
+
+        aot = _compat.aot_autograd(fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition,
+                                   keep_inference_input_mutations=True)
+        aot(copy_graph_module(gm), list(example_inputs))
+        return found[0] if found else None
+
+    return plain_joint_memory
 
 
 def _report_only(analysis: Callable[[fx.GraphModule], T], gm: fx.GraphModule) -> T | None:

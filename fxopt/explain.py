@@ -4,6 +4,11 @@ The report lists the graphs Dynamo captured (and its graph breaks with their rea
 graph and per pass whether the pass ran or why not, nodes before/after, time, the pass's own
 stats and the predicted activation memory and peak before/after; ``str(report)`` is a table
 and the same data is on the object (``report.passes[i].name``, ``.stats``, ...).
+
+"Plain autograd" is always the Dynamo graph without any fxopt pass (explain asks the
+backend to trace it separately when a pre-autograd pass such as tempo changed the graph).
+``report.notes`` says what the table cannot: why Dynamo captured no graph, and RNN modules
+Dynamo does not trace (``torch._dynamo.config.allow_rnn``), which fuse_rnn then never sees.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class ExplainReport:
     graphs: list[GraphRecord]
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     ran_backward: bool = False
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passes(self) -> list[PassRecord]:
@@ -55,6 +61,7 @@ class ExplainReport:
             "options": self.options.as_dict(),
             "graph_breaks": [vars(b) for b in self.graph_breaks],
             "ran_backward": self.ran_backward,
+            "notes": list(self.notes),
             "graphs": [{
                 "name": g.name, "dynamo_nodes": g.dynamo_nodes, "fallback": g.fallback,
                 "compile_seconds": g.compile_seconds,
@@ -80,7 +87,7 @@ def explain(model: Any, *args: Any, options: Mapping[str, Any] | None = None,
     ``.grad`` of parameters and inputs and the model's buffers (e.g. BatchNorm running
     stats) are restored afterwards, so explaining does not change a training run.
     """
-    backend = Backend(options)
+    backend = Backend(options, plain_baseline=True)
     breaks_before = _compat.graph_break_counts()
     compiled = torch.compile(model, backend=backend)
     with _restored_state(model, args, kwargs):
@@ -92,8 +99,34 @@ def explain(model: Any, *args: Any, options: Mapping[str, Any] | None = None,
     breaks = [GraphBreak(reason, count - breaks_before.get(reason, 0))
               for reason, count in breaks_after.items()
               if count > breaks_before.get(reason, 0)]
-    return ExplainReport(options=config.resolve(options), graphs=list(backend.graphs),
-                         graph_breaks=breaks, ran_backward=loss is not None)
+    resolved = config.resolve(options)
+    return ExplainReport(options=resolved, graphs=list(backend.graphs),
+                         graph_breaks=breaks, ran_backward=loss is not None,
+                         notes=_notes(model, resolved, backend.graphs, breaks))
+
+
+def _notes(model: Any, options: Options, graphs: list[GraphRecord],
+           breaks: list[GraphBreak]) -> list[str]:
+    """What the table alone does not say: why nothing was compiled, and RNN modules
+    Dynamo leaves out of its graphs."""
+    notes = []
+    rnns = [f"{name or 'the model'} ({type(m).__name__})"
+            for name, m in (model.named_modules() if isinstance(model, torch.nn.Module) else ())
+            if isinstance(m, torch.nn.RNNBase)]
+    rnn_untraced = bool(rnns) and not _compat.dynamo_traces_rnn()
+    if rnn_untraced and (options.fuse_rnn or not graphs):
+        notes.append(
+            f"Dynamo does not trace {', '.join(rnns)}: it breaks the graph there unless "
+            "torch._dynamo.config.allow_rnn = True is set before compiling, so fxopt never "
+            "sees the module" + (" and fuse_rnn=True has no effect on it"
+                                 if options.fuse_rnn else ""))
+    if not graphs:
+        why = ("see the graph break(s) above" if breaks else
+               "the call ran no tensor operation Dynamo could capture, or Dynamo skipped "
+               "the frame (torch.compiler.disable, TORCHDYNAMO_DISABLE=1)")
+        notes.append(f"Dynamo captured no graph, so fxopt compiled nothing and no pass ran "
+                     f"({'set torch._dynamo.config.allow_rnn = True' if rnn_untraced else why})")
+    return notes
 
 
 def differentiable_outputs(output: Any) -> list[torch.Tensor]:
@@ -194,6 +227,7 @@ def _render(report: ExplainReport) -> list[str]:
         f"{'forward+backward' if report.ran_backward else 'forward only'}",
         f"options: {non_default or 'defaults'}",
     ]
+    lines += [f"NOTE: {note}" for note in report.notes]
     lines += [f"  graph break ({b.count}x): {b.reason}" for b in report.graph_breaks]
     header = (f"  {'stage':<13}{'graph':<11}{'pass':<19}{'status':<12}{'nodes':>11}"
               f"{'ms':>8}  {'peak MiB / activations MiB':<28}stats")

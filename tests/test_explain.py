@@ -61,3 +61,38 @@ def test_inference_only_output():
         report = fxopt.explain(MLP(), torch.randn(2, 13))
     assert not report.ran_backward and "forward only" in str(report)
     assert "inference" in report.graphs[0].graphs
+
+
+def test_plain_autograd_baseline_is_the_graph_without_pre_autograd_passes():
+    from models import Block
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 8, 32)
+    with_tempo = fxopt.explain(model, x, options={"tempo": True})
+    without = fxopt.explain(model, x, options={"tempo": False})
+    assert with_tempo.fired("tempo") and not without.fired("tempo")
+    plain, tempo = with_tempo.graphs[0].memory["autograd"], with_tempo.graphs[0].memory["fxopt"]
+    # the baseline is what the run without tempo predicts, not tempo's own result
+    assert plain == without.graphs[0].memory["autograd"]
+    assert not any("tempo" in node for node, _ in plain.timeline)
+    assert any("tempo" in node for node, _ in tempo.timeline)
+
+
+def test_no_graph_because_of_an_lstm_says_why_and_what_to_set():
+    from fxopt import _compat
+
+    assert not _compat.dynamo_traces_rnn()  # the default this test is about
+    report = fxopt.explain(torch.nn.LSTM(5, 7), torch.randn(3, 2, 5),
+                           options={"fuse_rnn": True})
+    assert report.graphs == []
+    text = str(report)
+    assert "Dynamo captured no graph, so fxopt compiled nothing" in text
+    assert "torch._dynamo.config.allow_rnn = True" in text
+    assert "fuse_rnn=True has no effect" in text
+    assert report.to_dict()["notes"] == report.notes
+
+
+def test_no_graph_without_tensor_work_says_so():
+    report = fxopt.explain(lambda x: x, torch.randn(3))
+    assert report.graphs == [] and len(report.notes) == 1
+    assert "ran no tensor operation Dynamo could capture" in str(report)

@@ -44,10 +44,11 @@ def size_hint(size: int | torch.SymInt) -> int:
     return _compat.size_hint(size, fallback=UNBACKED_FALLBACK)
 
 
-def tensor_values(node: fx.Node) -> list[torch.Tensor]:
+def tensor_values(node: fx.Node, key: str = "val") -> list[torch.Tensor]:
     """The tensors a node produces, in output order (multi-output ops flattened, non-tensors
-    such as SymInts and None skipped)."""
-    return [v for v in _flat(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    such as SymInts and None skipped). ``key="example_value"`` reads Dynamo's graph, whose
+    nodes keep their fake values there."""
+    return [v for v in _flat(node.meta.get(key)) if isinstance(v, torch.Tensor)]
 
 
 def numel(t: torch.Tensor) -> int:

@@ -50,6 +50,7 @@ def _steps(args: argparse.Namespace) -> tuple[list[Step], list[str]]:
     if len(args.dirs) > 2:
         raise DumpError(f"give one or two debug dirs, not {len(args.dirs)}")
     dumps = [load_dump(d) for d in args.dirs]
+    _check_graphs(dumps[0], args.graph or ())
     if len(dumps) == 2:
         if args.pass_name:
             raise DumpError("--pass applies to one dump; two dumps are compared by "
@@ -60,11 +61,6 @@ def _steps(args: argparse.Namespace) -> tuple[list[Step], list[str]]:
             f"{min(counts)} in capture order (a graph break differs?)"]
         return dump_comparisons(dumps[0], dumps[1], args.graph), notes
     dump = dumps[0]
-    known = set(dump.graphs) | {f"{g}/{k}" for g in dump.graphs for k in dump.chains(g)}
-    for name in args.graph or ():
-        if name not in known:
-            raise DumpError(f"no graph {name!r} in {dump.root}; graphs: "
-                            f"{', '.join(sorted(known))}")
     steps = pass_steps(dump, args.graph, args.pass_name)
     if args.pass_name:
         if not steps:
@@ -73,6 +69,16 @@ def _steps(args: argparse.Namespace) -> tuple[list[Step], list[str]]:
                             f"passes that did: {', '.join(changed) or 'none'}")
         return steps, []
     return steps, _untouched(dump, steps, args.graph)
+
+
+def _check_graphs(dump: Dump, names: list[str] | tuple[()]) -> None:
+    """Every ``--graph`` names a graph (``g0``) or graph kind (``g0/forward``) of ``dump``
+    (the first dump, when comparing two)."""
+    known = set(dump.graphs) | {f"{g}/{k}" for g in dump.graphs for k in dump.chains(g)}
+    for name in names:
+        if name not in known:
+            raise DumpError(f"no graph {name!r} in {dump.root}; graphs: "
+                            f"{', '.join(sorted(known))}")
 
 
 def _untouched(dump: Dump, steps: list[Step], graphs: list[str] | None) -> list[str]:
@@ -95,7 +101,7 @@ def run_diff(args: argparse.Namespace) -> int:
         if args.html:
             from fxopt.debug.html import write_html
 
-            write_html(steps, Path(args.html), title=" vs ".join(args.dirs))
+            write_html(steps, Path(args.html), args.dirs)
             print(f"fxopt diff: wrote {args.html} ({len(steps)} diffs)")
             return 0
         if args.unified:
@@ -108,5 +114,17 @@ def run_diff(args: argparse.Namespace) -> int:
         print(f"fxopt diff: {exc}", file=sys.stderr)
         return 2
     if lines:
-        print("\n".join(lines))
+        _print_to_a_pipe("\n".join(lines))
     return 0
+
+
+def _print_to_a_pipe(text: str) -> None:
+    """Print; a reader that stops early (``fxopt diff dbg | head``) ends the output
+    quietly, as for any Unix tool, instead of a BrokenPipeError traceback."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

@@ -138,6 +138,13 @@ def load_dump(root: str | Path) -> Dump:
                         "wrote, e.g. options={'debug_dir': 'dbg'} or FXOPT_DEBUG_DIR=dbg)")
     index = root / INDEX
     if not index.is_file():
+        inside = sorted({p.parent.relative_to(root).as_posix()
+                         for pattern in (f"*/{INDEX}", f"*/*/{INDEX}")
+                         for p in root.glob(pattern)})
+        if inside:
+            raise DumpError(f"{root}: not a debug dump itself, but it holds "
+                            f"{len(inside)}: {', '.join(inside)} (give one, or two to "
+                            "compare them)")
         raise DumpError(f"{root}: no {INDEX}; not an fxopt debug dump (was anything "
                         "compiled with debug_dir set to it?)")
     try:

@@ -12,9 +12,12 @@ Layout, numbered in pipeline order per Dynamo graph (``NN`` counts per graph):
 - ``<graph>/repro_<kind>.py``: a runnable repro of each captured graph as its stage
   received it (:mod:`fxopt.debug.repro`);
 - ``index.json``: every file in order with its graph, stage, graph kind, pass, node count
-  and predicted memory, rewritten after each file so that it is usable mid-run. Graph
-  numbers restart in each process, so a process's first dump replaces the index an
-  earlier run left there (its files are overwritten or left unlisted).
+  and predicted memory, rewritten after each file so that it is usable mid-run.
+
+Graphs are numbered per dump: the first graph a process dumps into a directory is ``g0``
+there, whatever the compiler called it (``compiled_as`` in the index keeps that name, as
+explain and the logs show it). Numbers restart in each process, so a process's first dump
+replaces the index an earlier run left there (its files are overwritten or left unlisted).
 
 It is an instrument: it only observes, and a failure to write is never raised into
 training: the first one is logged as one warning naming the directory (the traceback only at
@@ -46,6 +49,7 @@ __all__ = ["DebugDump", "INDEX", "readable"]
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _started: set[Path] = set()  # debug dirs whose index this process has begun
+_graph_names: dict[Path, dict[str, str]] = {}  # per debug dir: compiler's name -> dump's
 INDEX = "index.json"
 
 
@@ -61,12 +65,22 @@ class DebugDump:
         self.root = Path(root)
         self._counters: dict[str, int] = {}
         self._failed = False
+        self._compiled_as: dict[str, str] = {}  # the dump's graph name -> compiler's
+
+    def _graph(self, compiled_as: str) -> str:
+        """The dump's own name of a compiled graph: g0, g1, ... in this directory."""
+        with _lock:
+            names = _graph_names.setdefault(self.root.resolve(), {})
+            graph = names.setdefault(compiled_as, f"g{len(names)}")
+        self._compiled_as[graph] = compiled_as
+        return graph
 
     def stage_started(self, ctx: PassContext, gm: fx.GraphModule) -> None:
         if self._failed:
             return
-        graph, kind = ctx.graph_name.split("/")
+        compiled_as, kind = ctx.graph_name.split("/")
         with self._logged_failure():
+            graph = self._graph(compiled_as)
             estimate = _estimate(ctx, gm)
             entry = self._write(graph, gm, stage=ctx.stage.value, kind=kind, what="input",
                                 pass_name=None, memory=estimate)
@@ -78,8 +92,9 @@ class DebugDump:
         plan = _plan_text(record)
         if self._failed or (record.status != "changed" and plan is None):
             return
-        graph, kind = record.graph.split("/")
+        compiled_as, kind = record.graph.split("/")
         with self._logged_failure():
+            graph = self._graph(compiled_as)
             common = dict(stage=record.stage, kind=kind, what=record.name,
                           pass_name=record.name)
             if record.status == "changed":
@@ -109,7 +124,8 @@ class DebugDump:
             number = self._counters.get(graph, 0)
             self._counters[graph] = number + 1
         (self.root / graph).mkdir(parents=True, exist_ok=True)
-        return dict(graph=graph, stem=f"{graph}/{number:02d}_{stage}_{kind}_{what}",
+        return dict(graph=graph, compiled_as=self._compiled_as[graph],
+                    stem=f"{graph}/{number:02d}_{stage}_{kind}_{what}",
                     stage=stage, kind=kind, pass_name=pass_name, status=status, file=None,
                     data=None, plan=None)
 

@@ -75,10 +75,18 @@ def _launches_kernel(target: Any) -> bool:
     return not is_view_op(target)
 
 
+def _tensors(node: fx.Node) -> list[torch.Tensor]:
+    """The tensors a node produces. An output node's value is its inputs' values: shown on
+    them, not repeated here. Dynamo's (pre-autograd) graph keeps them under
+    ``meta["example_value"]``, AOTAutograd's graphs under ``meta["val"]``."""
+    if node.op == "output":
+        return []
+    return tensor_values(node, "val" if "val" in node.meta else "example_value")
+
+
 def node_data(node: fx.Node, live: dict[str, int]) -> dict[str, Any]:
     """One node as plain data (see the module docstring)."""
-    # An output node's value is its inputs' values: shown on them, not repeated here.
-    tensors = [] if node.op == "output" else tensor_values(node)
+    tensors = _tensors(node)
     kernel = node.op == "call_function" and _launches_kernel(node.target)
     return {
         "name": node.name,

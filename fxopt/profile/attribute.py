@@ -25,10 +25,12 @@ from fxopt.profile._torch import AllocationEvent, Mark
 __all__ = ["CATEGORIES", "Interval", "Tag", "Timeline", "build_timeline", "intervals_of"]
 
 # Most specific first: an allocation tagged both "gradients" and "activations" (a gradient
-# some op saved) is a gradient. "other" is memory that was allocated before recording and
-# belongs to none of the known tensors (CUDA: the allocator's count at the start).
-CATEGORIES = ("parameters", "buffers", "optimizer_state", "gradients", "inputs",
-              "activations", "temporaries", "other")
+# some op saved) is a gradient. "optimizer_state_host" is the state of an offloaded
+# optimizer's subgroups updated on the host (`fxopt.optim.offload`). "other" is memory that
+# was allocated before recording and belongs to none of the known tensors (CUDA: the
+# allocator's count at the start).
+CATEGORIES = ("parameters", "buffers", "optimizer_state", "optimizer_state_host",
+              "gradients", "inputs", "activations", "temporaries", "other")
 BEFORE = "(before profiling)"
 
 

@@ -13,6 +13,13 @@ matching is plain data (`fxopt.profile.attribute`).
 
 Warm-up steps (default 1) run first, unrecorded: compilation, lazy optimizer state and the
 allocator's first growth are not part of the steady-state step being profiled.
+
+An optimizer wrapped by `fxopt.optim.offload` keeps its state in per-subgroup optimizers,
+not in its own ``state``: its ``state_dict()`` (live tensors, plain optimizer format) and
+``placements()`` say which state belongs to a subgroup updated on the device
+(``optimizer_state``) and which to one updated on the host (``optimizer_state_host``). On
+the CPU both are in the recorded memory; on CUDA the host part is not device memory, so it
+is reported beside the device total (``MemoryProfile.host_bytes``), not in it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from fxopt._compat import tree_leaves
+from fxopt.optim.runtime import OffloadedOptimizer
 from fxopt.profile._torch import read_events
 from fxopt.profile.attribute import Tag, apply_tags, build_timeline, intervals_of
 from fxopt.profile.report import MemoryProfile
@@ -89,6 +97,8 @@ def profile_memory(model: torch.nn.Module, inputs: Any,
             _step(model, args, kwargs, optimizer, loss_fn, prefix=f"{MARK}step{i}:", tags=tags)
         _synchronize(device)
     measured = (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
+    host = {} if device.type == "cpu" else {"optimizer_state_host": sum(
+        t.untyped_storage().nbytes() for t in _optimizer_tensors(optimizer, host=True))}
     events, marks = read_events(prof, MARK)
     events = [e for e in events if _same_device(e.device, device)]
     start = next(m.start_ns for m in marks if m.name == MARK + "start")
@@ -98,7 +108,8 @@ def profile_memory(model: torch.nn.Module, inputs: Any,
     marks = [m for m in marks if m.name != MARK + "start"]
     timeline = build_timeline(intervals, marks, start, other)
     return MemoryProfile.from_timeline(timeline, device=str(device), steps=steps,
-                                       measured_peak_bytes=measured, mark_prefix=MARK)
+                                       measured_peak_bytes=measured, mark_prefix=MARK,
+                                       host_bytes={k: v for k, v in host.items() if v})
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -166,16 +177,28 @@ def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if optimizer is not None:
             optimizer.step()
             if tags is not None:
-                tags += [(prefix + "optimizer", p, "optimizer_state")
-                         for p in _ptrs(_optimizer_tensors(optimizer))]
+                tags += [(prefix + "optimizer", p, category)
+                         for category, host in (("optimizer_state", False),
+                                                ("optimizer_state_host", True))
+                         for p in _ptrs(_optimizer_tensors(optimizer, host=host))]
             optimizer.zero_grad(set_to_none=True)
         else:
             model.zero_grad(set_to_none=True)
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [t for state in optimizer.state.values() for t in tree_leaves(state)
-            if isinstance(t, torch.Tensor)]
+def _optimizer_tensors(optimizer: torch.optim.Optimizer | None, *, host: bool = False
+                       ) -> list[torch.Tensor]:
+    """The optimizer's state tensors: with ``host``, those of an offloaded optimizer's
+    host subgroups (none for a plain optimizer), else all the others."""
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, OffloadedOptimizer):
+        where = optimizer.placements()
+        states = [state for i, state in optimizer.state_dict()["state"].items()
+                  if (where[i] == "cpu") == host]
+    else:
+        states = [] if host else list(optimizer.state.values())
+    return [t for state in states for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
 
 
 def _ptrs(tensors: Iterable[Any]) -> list[int]:
@@ -188,7 +211,8 @@ def _baseline(model: torch.nn.Module, args: Any, kwargs: Any,
     """The storages alive before recording, by address: (bytes, category). An address
     seen twice keeps its first (most specific) category."""
     groups = [("parameters", list(model.parameters())), ("buffers", list(model.buffers())),
-              ("optimizer_state", _optimizer_tensors(optimizer) if optimizer else []),
+              ("optimizer_state", _optimizer_tensors(optimizer)),
+              ("optimizer_state_host", _optimizer_tensors(optimizer, host=True)),
               ("gradients", [p.grad for p in model.parameters() if p.grad is not None]),
               ("inputs", [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)])]
     baseline: dict[int, tuple[int, str]] = {}

@@ -23,7 +23,9 @@ class MemoryProfile:
     ``peak_categories`` add up to ``peak_bytes``; ``peak_sites`` lists, per category, the
     ops (or compiled graphs) that allocated what was alive at the peak, largest first;
     ``measured_peak_bytes`` is ``torch.cuda.max_memory_allocated`` on CUDA (None on the CPU).
-    ``timeline`` holds bytes per category after every allocator event."""
+    ``timeline`` holds bytes per category after every allocator event. ``host_bytes`` is
+    memory the step holds on the host that is not the profiled device's (an offloaded
+    optimizer's host state when the device is a GPU), per category, outside the totals."""
 
     device: str
     steps: int
@@ -34,10 +36,12 @@ class MemoryProfile:
     measured_peak_bytes: int | None
     timeline: Timeline = field(repr=False)
     mark_prefix: str = field(default="", repr=False)
+    host_bytes: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_timeline(cls, timeline: Timeline, *, device: str, steps: int,
-                      measured_peak_bytes: int | None, mark_prefix: str) -> MemoryProfile:
+                      measured_peak_bytes: int | None, mark_prefix: str,
+                      host_bytes: dict[str, int] | None = None) -> MemoryProfile:
         peak = timeline.peak_index()
         t = timeline.times_ns[peak]
         sites: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -48,7 +52,7 @@ class MemoryProfile:
         return cls(device, steps, timeline.totals()[peak],
                    {c: timeline.bytes[c][peak] for c in CATEGORIES},
                    timeline.phases[peak].removeprefix(mark_prefix), top,
-                   measured_peak_bytes, timeline, mark_prefix)
+                   measured_peak_bytes, timeline, mark_prefix, dict(host_bytes or {}))
 
     def table(self) -> str:
         """The categories at the peak, with shares and the largest allocation sites."""
@@ -57,15 +61,17 @@ class MemoryProfile:
         if self.measured_peak_bytes is not None:
             lines.append(f"torch.cuda.max_memory_allocated: "
                          f"{format_bytes(self.measured_peak_bytes)}")
-        lines.append(f"{'category':<16}{'bytes':>14}{'share':>8}  largest sites")
+        lines.append(f"{'category':<21}{'bytes':>14}{'share':>8}  largest sites")
         for category in CATEGORIES:
             size = self.peak_categories[category]
-            if size == 0 and category == "other":
+            if size == 0 and category in ("other", "optimizer_state_host"):
                 continue
             share = size / self.peak_bytes if self.peak_bytes else 0.0
             where = ", ".join(f"{_short(site)} {format_bytes(n)}"
                               for site, n in self.peak_sites.get(category, [])[:3])
-            lines.append(f"{category:<16}{format_bytes(size):>14}{share:>8.1%}  {where}")
+            lines.append(f"{category:<21}{format_bytes(size):>14}{share:>8.1%}  {where}")
+        lines += [f"{category:<21}{format_bytes(size):>14}  on the host, not in the "
+                  f"{self.device} total" for category, size in self.host_bytes.items()]
         return "\n".join(lines)
 
     def to_dict(self, max_points: int = 2000) -> dict[str, Any]:
@@ -77,7 +83,7 @@ class MemoryProfile:
             "device": self.device, "steps": self.steps, "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase, "peak_categories": self.peak_categories,
             "peak_sites": {c: [list(s) for s in sites] for c, sites in self.peak_sites.items()},
-            "measured_peak_bytes": self.measured_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes, "host_bytes": self.host_bytes,
             "timeline": {
                 "time_us": [(self.timeline.times_ns[i] - t0) / 1e3 for i in index],
                 "phase": [self.timeline.phases[i].removeprefix(self.mark_prefix)

@@ -2,6 +2,7 @@
 forward graph (and record each pass's true input and output), and the same MLP compiled
 without them, each into its own debug_dir."""
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,14 @@ class Dumped:
     root: Path
     recorder: GraphRecorder
     backend: Backend
+
+    def dumped(self, graph: str) -> str:
+        """The dump's name ("g0/forward") of a graph the compiler named ("g7/forward"):
+        a dump numbers its own graphs."""
+        compiled_as, _, kind = graph.partition("/")
+        files = json.loads((self.root / "index.json").read_text())["files"]
+        local = next(e["graph"] for e in files if e["compiled_as"] == compiled_as)
+        return f"{local}/{kind}" if kind else local
 
 
 def compile_and_step(model, args, root, passes=()):

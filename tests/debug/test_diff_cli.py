@@ -42,7 +42,7 @@ def test_reports_exactly_the_nodes_each_pass_added_removed_and_changed(mlp_dump,
         line = next(line for line in out.splitlines() if line.split()[:2] == ["+", new])
         assert "by split_addmm, replaces addmm" in line
         assert "float32[3, " in line
-    assert f"{record.graph} (stage forward)" in out
+    assert f"{mlp_dump.dumped(record.graph)} (stage forward)" in out
     # the graph's outputs now name each addmm's replacement, the add at the end of it
     output_line = next(line for line in out.splitlines() if line.split()[:2] == ["~", "output"])
     swaps = {f"{node.meta['fxopt']['replaces'][0]} -> {node.name}" for node in after.graph.nodes
@@ -56,7 +56,7 @@ def test_stat_prints_one_summary_per_pass_with_nodes_kernels_and_memory(mlp_dump
     status, out, _ = run(capsys, mlp_dump.root, "--stat")
     assert status == 0
     lines = out.splitlines()
-    assert lines[0] == f"{record.graph} (stage forward)"
+    assert lines[0] == f"{mlp_dump.dumped(record.graph)} (stage forward)"
     assert lines[1] == (
         f"  split_addmm: nodes {record.nodes_before} -> {record.nodes_after} "
         f"(+{len(added)} -{len(removed)} ~{len(changed)}), kernels 3 -> 5, activations "
@@ -64,7 +64,8 @@ def test_stat_prints_one_summary_per_pass_with_nodes_kernels_and_memory(mlp_dump
         f"{format_bytes(record.memory_after.activation_bytes)}, peak "
         f"{format_bytes(record.memory_before.peak_bytes)} -> "
         f"{format_bytes(record.memory_after.peak_bytes)}, plan "
-        f"{record.graph.split('/')[0]}/04_forward_forward_split_addmm.plan.json")
+        f"{mlp_dump.dumped(record.graph).split('/')[0]}"
+        "/04_forward_forward_split_addmm.plan.json")
     assert len(lines) == 2
 
 
@@ -167,3 +168,27 @@ def test_python_dash_m_fxopt_diff(mlp_dump):
     result = subprocess.run([sys.executable, "-m", "fxopt", "diff", str(mlp_dump.root),
                              "--stat"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "split_addmm: nodes" in result.stdout
+
+
+def test_a_graph_that_is_not_there_exits_2_listing_the_graphs(mlp_dump, plain_dump, capsys):
+    for dirs in ([mlp_dump.root], [plain_dump.root, mlp_dump.root]):
+        status, out, err = run(capsys, *dirs, "--graph", "g7")
+        assert (status, out) == (2, "")
+        assert "no graph 'g7'" in err and "graphs: g0, g0/backward, g0/dynamo" in err
+
+
+def test_a_folder_holding_dumps_lists_them(mlp_dump, plain_dump, tmp_path, capsys):
+    for name, dumped in (("run1", mlp_dump), ("nested/run2", plain_dump)):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).symlink_to(dumped.root, target_is_directory=True)
+    status, _, err = run(capsys, tmp_path)
+    assert status == 2
+    assert "not a debug dump itself, but it holds 2: nested/run2, run1" in err
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(mlp_dump):
+    process = subprocess.Popen([sys.executable, "-m", "fxopt", "diff", str(mlp_dump.root)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # as `| head` does once it has its lines
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0 and err.decode() == ""

@@ -131,3 +131,27 @@ def test_environment_variable_sets_the_debug_dir(tmp_path, monkeypatch):
     compiled = torch.compile(MLP(), backend="fxopt")
     compiled(torch.randn(2, 13)).sum().backward()
     assert len(entries(tmp_path / "from_env")) == 4
+
+
+def test_pre_autograd_nodes_have_shapes_and_bytes(mlp_dump):
+    (entry,) = [e for e in entries(mlp_dump.root) if e["kind"] == "dynamo"]
+    nodes = json.loads((mlp_dump.root / entry["data"]).read_text())["nodes"]
+    dynamo = mlp_dump.backend.graphs[0].graphs["dynamo"]
+    for node, data in zip(dynamo.graph.nodes, nodes):
+        if node.op in ("placeholder", "call_function", "call_module", "call_method"):
+            value = node.meta["example_value"]
+            assert data["shapes"] == [list(value.shape)], data
+            assert data["dtypes"] == ["float32"] and data["bytes"] == nbytes(value) > 0
+
+
+def test_graph_numbers_restart_in_each_dump(tmp_path):
+    for name in ("first", "second"):
+        torch.compile(MLP(), backend="fxopt", options={"debug_dir": str(tmp_path / name)})(
+            torch.randn(2, 13)).sum().backward()
+    second = entries(tmp_path / "second")
+    assert {e["graph"] for e in second} == {"g0"}
+    assert all(e["stem"].startswith("g0/") for e in second)
+    assert (tmp_path / "second" / "g0").is_dir()
+    # the compiler's own (process-wide) name stays findable, as explain shows it
+    assert {e["compiled_as"] for e in second} != {e["compiled_as"] for e in
+                                                   entries(tmp_path / "first")}

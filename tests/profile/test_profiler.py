@@ -94,8 +94,8 @@ def test_outputs_table_json_and_chart(tmp_path):
     model, x = blocks(n=1), torch.randn(2, 16, 32)
     profile = profile_memory(model, x, torch.optim.Adam(model.parameters()), steps=1)
     table = profile.table()
-    for category in CATEGORIES[:-1]:
-        assert category in table
+    for category in CATEGORIES:  # a row per category that can be non-zero here
+        assert (category in table) == (category not in ("optimizer_state_host", "other"))
     data = __import__("json").loads(profile.save_json(tmp_path / "p.json").read_text())
     totals = [sum(col) for col in zip(*data["timeline"]["bytes"].values())]
     assert max(totals) == data["peak_bytes"] == profile.peak_bytes
