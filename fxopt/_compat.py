@@ -8,6 +8,7 @@ Supported: torch >= 2.11.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from torch.fx.graph import CodeGen
 __all__ = [
     "aot_autograd", "default_partition", "min_cut_partition", "inductor_partition",
     "inductor_inference_passes", "inductor_decompositions",
-    "inductor_compile", "boxed_fx_callable", "graph_break_counts",
+    "inductor_compile", "inductor_graph_context", "boxed_fx_callable", "graph_break_counts",
 ]
 
 
@@ -65,6 +66,18 @@ def inductor_inference_passes(gm: fx.GraphModule) -> fx.GraphModule:
     from torch._inductor.compile_fx import _recursive_joint_graph_passes
 
     return _recursive_joint_graph_passes(gm)
+
+
+def inductor_graph_context(example_inputs: Sequence[Any]) -> contextlib.AbstractContextManager:
+    """The context Inductor's own ``compile_fx`` sets around AOTAutograd: its virtualized
+    fake mode. Inductor's joint-graph passes (run at the partition and on an inference
+    graph) read it, e.g. ``fuse_seed_creation_pass`` makes the fused seeds' metadata under
+    ``V.fake_mode``; without it they fail on any graph with dropout."""
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = fake_mode_of(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    return V.set_fake_mode(fake_mode)
 
 
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:

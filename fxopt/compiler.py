@@ -17,6 +17,7 @@ use) or Inductor's per-graph compiler.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -183,7 +184,9 @@ class _GraphCompiler:
             decompositions=_compat.inductor_decompositions() if inductor else {},
             keep_inference_input_mutations=True,
         )
-        return aot(gm, list(example_inputs))
+        with (_compat.inductor_graph_context(example_inputs) if inductor
+              else contextlib.nullcontext()):
+            return aot(gm, list(example_inputs))
 
     def _context(self, stage: Stage, kind: GraphKind, example_inputs: Sequence[Any],
                  estimate: Callable[[fx.GraphModule], MemoryEstimate | None] | None = None,
