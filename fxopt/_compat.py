@@ -27,11 +27,10 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "copy_graph", "default_partition", "dynamo_traces_rnn",
-    "fake_mode_of",
-    "graph_break_counts", "inductor_compile", "inductor_decompositions",
-    "inductor_inference_passes", "inductor_partition", "is_dynamo_protocol_error",
-    "is_op_overload", "is_symbolic", "min_cut_partition", "op_alias_sets", "size_hint",
-    "tree_flatten", "tree_leaves", "tree_map",
+    "fake_mode_of", "graph_break_counts", "inductor_compile", "inductor_decompositions",
+    "inductor_graph_context", "inductor_inference_passes", "inductor_partition",
+    "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
+    "op_alias_sets", "size_hint", "tree_flatten", "tree_leaves", "tree_map",
 ]
 
 # What Dynamo records ``F.linear`` and ``F.gelu`` as: their C bindings.
@@ -96,6 +95,18 @@ def inductor_inference_passes(gm: fx.GraphModule) -> fx.GraphModule:
     from torch._inductor.compile_fx import _recursive_joint_graph_passes
 
     return _recursive_joint_graph_passes(gm)
+
+
+def inductor_graph_context(example_inputs: Sequence[Any]) -> contextlib.AbstractContextManager:
+    """The context Inductor's own ``compile_fx`` sets around AOTAutograd: its virtualized
+    fake mode. Inductor's joint-graph passes (run at the partition and on an inference
+    graph) read it, e.g. ``fuse_seed_creation_pass`` makes the fused seeds' metadata under
+    ``V.fake_mode``; without it they fail on any graph with dropout."""
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = fake_mode_of(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    return V.set_fake_mode(fake_mode)
 
 
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:

@@ -17,6 +17,7 @@ use) or Inductor's per-graph compiler.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -71,7 +72,22 @@ class GraphRecord:
     memory: dict[str, MemoryEstimate | None] = field(default_factory=dict)
     cost: dict[str, GraphCost | None] = field(default_factory=dict)
     compile_seconds: float = 0.0
-    fallback: str | None = None  # why part of the graph runs uncompiled or without Inductor
+    # what runs with less than was asked, and why: the graph uncompiled, a graph without
+    # Inductor; failed or unavailable passes are in ``passes`` (see every_fallback)
+    fallbacks: list[str] = field(default_factory=list)
+
+    @property
+    def fallback(self) -> str | None:
+        """The compiler's fallbacks of this graph as one line (None: there was none)."""
+        return "; ".join(self.fallbacks) or None
+
+    def every_fallback(self) -> list[str]:
+        """Every fallback on this graph: the compiler's, then each pass that failed (and was
+        skipped) or was requested but is not available."""
+        passes = [f"pass {r.name!r} on {r.graph} {r.status}: {r.reason}" for r in self.passes
+                  if r.status == "failed" or (r.status == "unavailable"
+                                              and "requested" in r.reason)]
+        return self.fallbacks + passes
 
     def pass_records(self, name: str) -> list[PassRecord]:
         return [r for r in self.passes if r.name == name]
@@ -184,10 +200,11 @@ class _GraphCompiler:
             # failed: run the graph as Dynamo captured it, which is eager and correct.
             if self.options.strict or _compat.is_dynamo_protocol_error(exc):
                 raise
-            self.record.fallback = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"fxopt: compiling graph {self.record.name} failed "
-                          f"({self.record.fallback}); running it uncompiled (eager). "
-                          "Set options={'strict': True} to raise instead.", stacklevel=3)
+            lost = (f"graph {self.record.name} runs uncompiled (eager: no fxopt pass and "
+                    f"no code generation apply): {type(exc).__name__}: {exc}")
+            self.record.fallbacks.append(lost)
+            warnings.warn(f"fxopt: {lost}. Set options={{'strict': True}} to raise instead.",
+                          stacklevel=3)
             log.debug("fxopt: traceback of the failed compilation", exc_info=True)
             compiled = gm.forward
         self.record.compile_seconds += time.perf_counter() - start
@@ -212,7 +229,9 @@ class _GraphCompiler:
             decompositions=_compat.inductor_decompositions() if inductor else {},
             keep_inference_input_mutations=True,
         )
-        return aot(gm, list(example_inputs))
+        with (_compat.inductor_graph_context(example_inputs) if inductor
+              else contextlib.nullcontext()):
+            return aot(gm, list(example_inputs))
 
     def _context(self, stage: Stage, kind: GraphKind, example_inputs: Sequence[Any],
                  estimate: Callable[[fx.GraphModule], MemoryEstimate | None] | None = None,
@@ -284,11 +303,11 @@ class _GraphCompiler:
             except Exception as exc:
                 if self.options.strict or _compat.is_dynamo_protocol_error(exc):
                     raise
-                reason = f"{type(exc).__name__}: {exc}"
-                self.record.fallback = f"Inductor failed on {ctx.graph_name} ({reason}); " \
-                                       "used fx code generation"
-                warnings.warn(f"fxopt: {self.record.fallback}. Set "
-                              "options={'strict': True} to raise instead.", stacklevel=2)
+                lost = (f"graph {ctx.graph_name} runs without Inductor (fx code generation, "
+                        f"unfused): Inductor failed: {type(exc).__name__}: {exc}")
+                self.record.fallbacks.append(lost)
+                warnings.warn(f"fxopt: {lost}. Set options={{'strict': True}} to raise "
+                              "instead.", stacklevel=2)
                 log.debug("fxopt: traceback of the Inductor failure", exc_info=True)
         return _compat.boxed_fx_callable(gm)
 
@@ -364,9 +383,12 @@ def _report_only(analysis: Callable[[fx.GraphModule], T], gm: fx.GraphModule) ->
 
 def _warn_unavailable(options: Options) -> None:
     """A pass flag set to True for a pass not built yet is reported, never ignored (the
-    warnings filter shows it once per process by default; explain shows it per graph)."""
+    warnings filter shows it once per process by default; explain shows it per graph);
+    under ``strict`` it raises."""
     for spec in PIPELINE:
         if spec.flag and getattr(options, spec.flag) is True and not spec.available:
-            warnings.warn(f"fxopt: pass {spec.name!r} is not available yet in this version "
-                          f"(tracked in issue {spec.issue}); the option is accepted and has "
-                          "no effect", stacklevel=3)
+            message = (f"fxopt: pass {spec.name!r} is not available yet in this version "
+                       f"(tracked in issue {spec.issue})")
+            if options.strict:
+                raise ValueError(f"{message}; remove the option {spec.flag!r} or strict")
+            warnings.warn(f"{message}; the option is accepted and has no effect", stacklevel=3)

@@ -51,6 +51,12 @@ class ExplainReport:
         """Every pass record of every graph, in pipeline order."""
         return [record for graph in self.graphs for record in graph.passes]
 
+    @property
+    def fallbacks(self) -> list[str]:
+        """Every fallback of every graph (a graph uncompiled, a graph without Inductor, a
+        pass failed and skipped, a requested pass unavailable); empty: none happened."""
+        return [f for graph in self.graphs for f in graph.every_fallback()]
+
     def fired(self, name: str) -> bool:
         """Whether pass ``name`` changed at least one graph."""
         return any(r.fired for r in self.passes if r.name == name)
@@ -63,7 +69,8 @@ class ExplainReport:
             "ran_backward": self.ran_backward,
             "notes": list(self.notes),
             "graphs": [{
-                "name": g.name, "dynamo_nodes": g.dynamo_nodes, "fallback": g.fallback,
+                "name": g.name, "dynamo_nodes": g.dynamo_nodes,
+                "fallbacks": g.every_fallback(),
                 "compile_seconds": g.compile_seconds,
                 "memory": {k: _memory_dict(v) for k, v in g.memory.items()},
                 "cost": {k: None if c is None else {"flops": c.flops, "bytes": c.bytes}
@@ -229,14 +236,16 @@ def _render(report: ExplainReport) -> list[str]:
     ]
     lines += [f"NOTE: {note}" for note in report.notes]
     lines += [f"  graph break ({b.count}x): {b.reason}" for b in report.graph_breaks]
+    fallbacks = report.fallbacks
+    lines.append(f"fallbacks: {len(fallbacks) or 'none'}")
+    lines += [f"  FALLBACK: {f}" for f in fallbacks]
     header = (f"  {'stage':<13}{'graph':<11}{'pass':<19}{'status':<12}{'nodes':>11}"
               f"{'ms':>8}  {'peak MiB / activations MiB':<28}stats")
     for graph in report.graphs:
         lines.append("")
         lines.append(f"{graph.name}: Dynamo graph of {graph.dynamo_nodes} nodes, "
                      f"compiled in {graph.compile_seconds:.2f}s")
-        if graph.fallback:
-            lines.append(f"  FALLBACK: {graph.fallback}")
+        lines += [f"  FALLBACK: {f}" for f in graph.fallbacks]
         costs = [f"{kind} {c.flops / 1e6:,.1f} MFLOP, {c.bytes / 2**20:,.2f} MiB moved"
                  for kind, c in graph.cost.items() if c is not None]
         if costs:
