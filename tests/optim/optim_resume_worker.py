@@ -1,8 +1,9 @@
 """The resumed half of the offloaded optimizer's resume tests, run in a process of its own.
 
-``python optim_resume_worker.py CHECKPOINT DTYPE ORDER OUT`` builds a fresh model (other
-initial weights, so every load must take effect) and an offloaded AdamW with a StepLR
-schedule, loads CHECKPOINT in ORDER ("wrap-then-load": optimizer built, then the model's
+``python optim_resume_worker.py CHECKPOINT DTYPE ORDER OUT [CHECKPOINT DTYPE ORDER OUT ...]``
+runs one resume per four arguments (one process for all, which saves a torch import each):
+it builds a fresh model (other initial weights, so every load must take effect) and an
+offloaded AdamW with a StepLR schedule, loads CHECKPOINT in ORDER ("wrap-then-load": optimizer built, then the model's
 weights loaded; "load-then-wrap": weights loaded, then the optimizer built), trains
 ``STEPS`` more steps with gradient clipping and saves the model's and the optimizer's state
 dicts to OUT. The test module imports the same builders, so both halves train one recipe.
@@ -62,4 +63,8 @@ def resume(checkpoint_path: str, dtype_name: str, order: str, out_path: str) -> 
 
 
 if __name__ == "__main__":
-    resume(*sys.argv[1:])
+    arguments = sys.argv[1:]
+    if not arguments or len(arguments) % 4:
+        raise SystemExit(__doc__)
+    for start in range(0, len(arguments), 4):
+        resume(*arguments[start:start + 4])

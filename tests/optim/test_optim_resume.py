@@ -85,7 +85,7 @@ def test_a_reinitialised_model_trains_like_the_plain_optimizer(dtype):
 def resumed(tmp_path_factory):
     """Per dtype: the uninterrupted run's final state, and per order the resumed one."""
     folder = tmp_path_factory.mktemp("resume")
-    jobs, results = [], {}
+    jobs, results, arguments = [], {}, []
     for dtype in (torch.float32, torch.bfloat16):
         model = build_model(dtype, seed=0)
         optimizer, scheduler = build_optimizer(model)
@@ -99,13 +99,12 @@ def resumed(tmp_path_factory):
         for order in ORDERS:
             out = folder / f"{dtype}-{order}.pt"
             jobs.append((dtype, order, out))
-            cmd = [sys.executable, str(WORKER), str(checkpoint), str(dtype).split(".")[1],
-                   order, str(out)]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(REPO), os.environ.get("PYTHONPATH", "")])}
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300,
-                                  check=False)
-            assert done.returncode == 0, done.stderr[-3000:]
+            arguments += [str(checkpoint), str(dtype).split(".")[1], order, str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(WORKER), *arguments], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
     for dtype, order, out in jobs:
         results[dtype][order] = torch.load(out)
     return results
