@@ -2,7 +2,12 @@
 compile time, and the largest batch under a memory cap.
 
 Step time is the median over timed steps after warm-up (CUDA events on a GPU, the wall
-clock on the CPU); compile time is the first step's time less the median. Peak memory is
+clock on the CPU, where the whole measurement runs on one thread: torch's thread pool on
+shared cores is what made tiny CPU medians differ 50x between runs); its spread is
+(slowest - fastest) / median, and a step time from fewer than ``RELIABLE_STEPS`` steps or
+with a spread above ``RELIABLE_SPREAD`` is marked unreliable (``timing_reliable``), which
+the report carries into every ratio made from it. Compile time is the first step's time
+less the median. Peak memory is
 ``torch.cuda.max_memory_allocated`` over the timed steps on CUDA; on the CPU, where the
 allocator keeps no such count, it is `fxopt.profile_memory`'s total (allocation records),
 which also gives the activations kept for backward on both. The largest batch is a
@@ -13,12 +18,13 @@ the CPU by the measured peak against the cap.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +37,9 @@ from fxopt.profile import default_loss, profile_memory
 __all__ = ["Measurement", "Settings", "largest_batch", "measure"]
 
 log = logging.getLogger(__name__)
+
+RELIABLE_STEPS = 5      # fewer timed steps: no median worth comparing
+RELIABLE_SPREAD = 0.10  # (slowest - fastest) / median above this: too noisy to compare
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,8 @@ class Measurement:
     batch: int
     error: str | None = None
     step_ms: float | None = None
+    step_spread: float | None = None  # (slowest - fastest) / median of the timed steps
+    timing_reliable: bool = False
     throughput: float | None = None   # items (tokens, images) per second
     unit: str = ""
     peak_bytes: int | None = None
@@ -141,25 +152,9 @@ def measure(workload: Workload, config: Config, settings: Settings) -> Measureme
                          unit=workload.unit + "/s")
     trainer = None
     try:
-        trainer = _Trainer(workload, config, settings)
-        inputs = trainer.inputs(batch)
-        first = trainer.timed_step(inputs)
-        for _ in range(settings.warmup - 1):
-            trainer.timed_step(inputs)
-        if settings.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(settings.device)
-        times = [trainer.timed_step(inputs) for _ in range(settings.steps)]
-        median = statistics.median(times)
-        result.step_ms = 1e3 * median
-        result.throughput = batch * workload.items(settings.smoke) / median
-        result.compile_s = max(0.0, first - median)
-        result.peak_bytes, result.activation_bytes = trainer.peak(inputs)
-        if settings.device.type == "cuda":
-            result.peak_bytes = max(result.peak_bytes,
-                                    torch.cuda.max_memory_allocated(settings.device))
-        if settings.memory_cap is not None:
-            fits = functools.partial(_fits, trainer, settings=settings)
-            result.max_batch = largest_batch(fits, batch, settings.max_batch)
+        with _one_thread_on_cpu(settings.device):
+            trainer = _Trainer(workload, config, settings)
+            _measure_with(trainer, result, batch, settings)
         result.status = "ok"
     except Exception as exc:  # a failing workload is reported and the suite goes on
         log.warning("bench: %s / %s failed: %s", workload.name, config.name, exc,
@@ -170,6 +165,47 @@ def measure(workload: Workload, config: Config, settings: Settings) -> Measureme
         del trainer
         _release(settings.device)
     return result
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+    """CPU timings on one thread (restored afterwards)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure_with(trainer: _Trainer, result: Measurement, batch: int,
+                  settings: Settings) -> None:
+    """Time, memory and the largest batch of ``trainer`` into ``result``."""
+    workload = trainer.workload
+    inputs = trainer.inputs(batch)
+    first = trainer.timed_step(inputs)
+    for _ in range(settings.warmup - 1):
+        trainer.timed_step(inputs)
+    if settings.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(settings.device)
+    times = [trainer.timed_step(inputs) for _ in range(settings.steps)]
+    median = statistics.median(times)
+    result.step_ms = 1e3 * median
+    result.step_spread = (max(times) - min(times)) / median if median > 0 else None
+    result.timing_reliable = (len(times) >= RELIABLE_STEPS and result.step_spread
+                              is not None and result.step_spread <= RELIABLE_SPREAD)
+    result.throughput = batch * workload.items(settings.smoke) / median
+    result.compile_s = max(0.0, first - median)
+    result.peak_bytes, result.activation_bytes = trainer.peak(inputs)
+    if settings.device.type == "cuda":
+        result.peak_bytes = max(result.peak_bytes,
+                                torch.cuda.max_memory_allocated(settings.device))
+    if settings.memory_cap is not None:
+        fits = functools.partial(_fits, trainer, settings=settings)
+        result.max_batch = largest_batch(fits, batch, settings.max_batch)
 
 
 def _fits(trainer: _Trainer, batch: int, settings: Settings) -> bool:

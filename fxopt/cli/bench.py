@@ -3,7 +3,10 @@
 
 Runs the chosen workloads under the chosen configurations and writes ``results.json``,
 ``results.md`` and a time-vs-memory chart per workload to ``--out``; prints the markdown
-report. ``--smoke`` runs tiny sizes (on the CPU in a few minutes). Exit status 2 for an
+report. ``--smoke`` runs tiny sizes (on the CPU in a few minutes): without
+``--workloads`` or ``--configs``, every configuration on the first workload and the other
+workloads under eager and fxopt (`fxopt.bench.runner.smoke_pairs`); with either, the
+named cross product. Exit status 2 for an
 unknown workload or configuration or a malformed cap; 1 when every run failed.
 """
 
@@ -27,7 +30,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes and few steps (CPU-friendly; not performance figures)")
+                        help="tiny sizes and few steps (CPU-friendly; not performance "
+                        "figures); alone: each configuration on one workload, each workload "
+                        "under eager and fxopt")
     parser.add_argument("--workloads", nargs="+", metavar="NAME",
                         help="workloads to run (default: all; with --smoke, all but "
                         "gpt2-medium and bert-large, whose tiny models are the small ones)")
@@ -70,7 +75,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from fxopt.bench.configs import all_configs, get_configs, unavailable_passes
     from fxopt.bench.measure import Settings
-    from fxopt.bench.runner import run_suite
+    from fxopt.bench.runner import all_pairs, run_suite, smoke_pairs
     from fxopt.bench.workloads import WORKLOADS, get_workloads
 
     if args.list:
@@ -99,7 +104,9 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     command = "python -m fxopt bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
                                                     else sys.argv[1:])
-    suite = run_suite(workloads, configs, settings, Path(args.out), command=command,
+    covering = args.smoke and args.workloads is None and args.configs is None
+    pairs = (smoke_pairs if covering else all_pairs)(workloads, configs)
+    suite = run_suite(pairs, settings, Path(args.out), command=command,
                       progress=not args.no_progress)
     print(suite.report)
     print("wrote " + ", ".join(str(p) for p in [suite.json_path, suite.markdown_path,

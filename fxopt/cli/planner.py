@@ -53,6 +53,9 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
                                     "cache them for the planner")
     calibrate.add_argument("--device", default="cuda" if _cuda() else "cpu")
     calibrate.add_argument("--quick", action="store_true", help="tiny sizes (seconds, rough)")
+    calibrate.add_argument("--force", action="store_true",
+                           help="cache the profile even when a rate is more than 10x off "
+                           "the device's documented default")
     calibrate.set_defaults(run=_calibrate)
 
 
@@ -154,7 +157,8 @@ def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from fxopt.planner.calibrate import calibrate, save_calibrated
+    from fxopt.planner.calibrate import PLAUSIBLE_FACTOR, calibrate, implausible, save_calibrated
+    from fxopt.planner.hardware import default_profile
 
     sizes = {"size": 256, "copy_mib": 16, "adam_params": 1 << 18} if args.quick else {}
     try:
@@ -162,13 +166,22 @@ def _calibrate(args: argparse.Namespace) -> int:
     except RuntimeError as error:
         print(f"fxopt calibrate: {error}", file=sys.stderr)
         return 2
-    path = save_calibrated(profile, args.device)
     for name, rate in profile.flops.items():
         print(f"matmul {name:<9} {rate / 1e12:10.3f} TFLOP/s")
     print(f"memory bandwidth  {profile.memory_bandwidth / 1e9:10.1f} GB/s")
     if profile.host_device_bandwidth is not None:
         print(f"host<->device     {profile.host_device_bandwidth / 1e9:10.1f} GB/s")
     print(f"CPU Adam          {profile.cpu_update_params_per_second / 1e6:10.1f} Mparams/s")
+    problems = implausible(profile, default_profile(args.device))
+    for problem in problems:
+        print(f"fxopt calibrate: implausible: {problem}", file=sys.stderr)
+    if problems and not args.force:
+        print(f"fxopt calibrate: NOT saved: rates more than {PLAUSIBLE_FACTOR:.0f}x off the "
+              "documented default would mislead the planner (a busy machine, or --quick's "
+              "tiny sizes); rerun without --quick on an idle machine, or pass --force to "
+              "cache it anyway", file=sys.stderr)
+        return 1
+    path = save_calibrated(profile, args.device)
     print(f"saved: {path} (profile_for uses it; delete it to use the defaults)")
     return 0
 

@@ -14,6 +14,12 @@ The profile is written as JSON to :func:`cache_path` (``$XDG_CACHE_HOME/fxopt/ha
 <device>.json``, by default ``~/.cache/fxopt/hardware/``), and
 :func:`fxopt.planner.profile_for` uses it from then on (``source="calibrated"``); delete
 the file to go back to the documented defaults.
+
+A measurement can be badly off: tiny sizes (``--quick``) where overheads dominate, or a
+machine busy with other work (``--quick`` once measured fp32 matmul at 0.001 TFLOP/s where
+the full run gave 0.057). :func:`implausible` compares each rate with the device's
+documented default and names those more than ``PLAUSIBLE_FACTOR`` times off; the command
+refuses to cache such a profile unless told to (``--force``).
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ import torch
 
 from fxopt.planner.hardware import HardwareProfile, default_profile, device_key
 
-__all__ = ["cache_path", "calibrate", "load_calibrated", "save_calibrated"]
+__all__ = ["PLAUSIBLE_FACTOR", "cache_path", "calibrate", "implausible", "load_calibrated",
+           "save_calibrated"]
 
 log = logging.getLogger(__name__)
+
+PLAUSIBLE_FACTOR = 10.0  # a rate this many times off the documented default is suspect
 
 
 def cache_path(device: torch.device | str) -> Path:
@@ -90,6 +99,30 @@ def calibrate(device: torch.device | str, *, size: int = 2048, copy_mib: int = 2
         notes=f"fxopt calibrate, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     log.info("calibrated %s: %s", device, profile)
     return profile
+
+
+def implausible(profile: HardwareProfile, reference: HardwareProfile,
+                factor: float = PLAUSIBLE_FACTOR) -> list[str]:
+    """One line per rate of ``profile`` more than ``factor`` times above or below the
+    same rate of ``reference`` (the device's documented default): what not to cache."""
+    rates = [(f"matmul {name}", rate, reference.flops.get(name), 1e12, "TFLOP/s")
+             for name, rate in profile.flops.items()]
+    rates += [("memory bandwidth", profile.memory_bandwidth, reference.memory_bandwidth,
+               1e9, "GB/s"),
+              ("host<->device bandwidth", profile.host_device_bandwidth,
+               reference.host_device_bandwidth, 1e9, "GB/s"),
+              ("CPU Adam", profile.cpu_update_params_per_second,
+               reference.cpu_update_params_per_second, 1e6, "Mparams/s")]
+    problems = []
+    for what, measured, expected, scale, unit in rates:
+        if measured is None or not expected:
+            continue
+        off = max(measured / expected, expected / measured) if measured > 0 else float("inf")
+        if off > factor:
+            problems.append(f"{what}: measured {measured / scale:.3g} {unit}, "
+                            f"{off:.0f}x {'below' if measured < expected else 'above'} "
+                            f"the default {expected / scale:.3g} {unit} for {reference.name}")
+    return problems
 
 
 def _best(fn: Callable[[], object], device: torch.device, repeats: int) -> float:

@@ -152,8 +152,16 @@ def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     """One training step; with ``prefix``, its phases are marked and its tensors tagged."""
     saved: list[int] = []
 
+    # Dynamo must not compile the hooks: a compiled model calls them from its forward, and
+    # Dynamo would trace each as a frame, guard on len(saved) and the tensor's dtype, and
+    # recompile them until its recompile_limit warning.
+    @torch.compiler.disable
     def pack(t: torch.Tensor) -> torch.Tensor:
         saved.append(t.untyped_storage().data_ptr())
+        return t
+
+    @torch.compiler.disable
+    def unpack(t: torch.Tensor) -> torch.Tensor:
         return t
 
     def phase(name: str) -> Any:
@@ -161,7 +169,7 @@ def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
 
     with phase("forward"):
         if tags is not None:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 loss = loss_fn(model(*args, **kwargs))
         else:
             loss = loss_fn(model(*args, **kwargs))

@@ -70,7 +70,7 @@ def test_stat_prints_one_summary_per_pass_with_nodes_kernels_and_memory(mlp_dump
 
 
 def test_graph_and_pass_filters(mlp_dump, capsys):
-    graph = mlp_dump.recorder.changes[0][0].graph  # e.g. g3/forward
+    graph = mlp_dump.dumped(mlp_dump.recorder.changes[0][0].graph)  # g0/forward
     assert run(capsys, mlp_dump.root, "--graph", graph, "--pass", "split_addmm")[1] == run(
         capsys, mlp_dump.root)[1]
     status, out, _ = run(capsys, mlp_dump.root, "--graph", graph.replace("forward", "backward"))
