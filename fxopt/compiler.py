@@ -37,8 +37,7 @@ from fxopt.analysis.memory import (
     estimate_step_memory,
 )
 from fxopt.config import Options
-from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
-from fxopt.passes.swap_recompute import place_prefetches
+from fxopt.passes import GraphKind, PassContext, Stage
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
 
 __all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
@@ -150,7 +149,6 @@ class _GraphCompiler:
         start = time.perf_counter()
         self.device = _device_of(example_inputs)
         self.record.dynamo_nodes = len(gm.graph.nodes)
-        _warn_unavailable(self.options)
         try:
             compiled = self._compile_stages(gm, example_inputs)
         except PassFailure:
@@ -210,7 +208,6 @@ class _GraphCompiler:
                      else _compat.default_partition)
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                       **kwargs)
-        place_prefetches(backward)  # swap_recompute's prefetch distance (no-op without swaps)
         self._partitioned_backward = backward
         return forward, backward
 
@@ -284,12 +281,3 @@ def _report_only(analysis: Callable[[fx.GraphModule], T], gm: fx.GraphModule) ->
                     exc_info=True)
         return None
 
-
-def _warn_unavailable(options: Options) -> None:
-    """A pass flag set to True for a pass not built yet is reported, never ignored (the
-    warnings filter shows it once per process by default; explain shows it per graph)."""
-    for spec in PIPELINE:
-        if spec.flag and getattr(options, spec.flag) is True and not spec.available:
-            warnings.warn(f"fxopt: pass {spec.name!r} is not available yet in this version "
-                          f"(tracked in issue {spec.issue}); the option is accepted and has "
-                          "no effect", stacklevel=3)
