@@ -1,6 +1,6 @@
 """The ``fxopt`` command line (also ``python -m fxopt``).
 
-Subcommands: ``passes`` lists every pass with its stage, flag, default and availability,
+Subcommands: ``passes`` lists every pass with its stage, flag and default,
 and the options with their documentation; ``diff`` shows what each pass did to each graph
 of a ``debug_dir`` dump (`fxopt.cli.debug`); ``profile`` breaks a training step's memory
 into categories (`fxopt.cli.profile`); ``bench`` runs the benchmark suite (`fxopt.cli.bench`);
@@ -25,9 +25,8 @@ def _passes(args: argparse.Namespace) -> int:
 
     rows = [("pass", "stage", "flag", "default", "description")]
     for spec in PIPELINE:
-        default = spec.default_text if spec.available else f"not available yet ({spec.issue})"
         rows.append((spec.name, "/".join(s.value for s in spec.stages), spec.flag or "-",
-                     default, spec.description))
+                     spec.default_text, spec.description))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])

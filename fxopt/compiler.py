@@ -39,7 +39,6 @@ from fxopt.analysis.memory import (
 )
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
-from fxopt.passes.swap_recompute import place_prefetches
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
 from fxopt.planner.plan import Plan
 
@@ -190,7 +189,6 @@ class _GraphCompiler:
         start = time.perf_counter()
         self.device = _device_of(example_inputs)
         self.record.dynamo_nodes = len(gm.graph.nodes)
-        _warn_unavailable(self.options)
         try:
             compiled = self._compile_stages(gm, example_inputs)
         except (PassFailure, config.OptionError):
@@ -258,7 +256,6 @@ class _GraphCompiler:
                      else _compat.default_partition)
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                       **kwargs)
-        place_prefetches(backward)  # swap_recompute's prefetch distance (no-op without swaps)
         self._partitioned_backward = backward
         return forward, backward
 
@@ -379,16 +376,3 @@ def _report_only(analysis: Callable[[fx.GraphModule], T], gm: fx.GraphModule) ->
         log.warning("fxopt: %s failed", getattr(analysis, "__name__", "analysis"),
                     exc_info=True)
         return None
-
-
-def _warn_unavailable(options: Options) -> None:
-    """A pass flag set to True for a pass not built yet is reported, never ignored (the
-    warnings filter shows it once per process by default; explain shows it per graph);
-    under ``strict`` it raises."""
-    for spec in PIPELINE:
-        if spec.flag and getattr(options, spec.flag) is True and not spec.available:
-            message = (f"fxopt: pass {spec.name!r} is not available yet in this version "
-                       f"(tracked in issue {spec.issue})")
-            if options.strict:
-                raise ValueError(f"{message}; remove the option {spec.flag!r} or strict")
-            warnings.warn(f"{message}; the option is accepted and has no effect", stacklevel=3)

@@ -258,7 +258,7 @@ def _render(report: ExplainReport) -> list[str]:
         lines.append(header)
         for r in graph.passes:
             nodes = "" if r.nodes_before is None else f"{r.nodes_before}->{r.nodes_after or '-'}"
-            detail = r.reason if r.status in ("skipped", "unavailable", "failed") \
+            detail = r.reason if r.status in ("skipped", "failed") \
                 else _stats_text(r.stats)
             lines.append(
                 f"  {r.stage:<13}{r.graph.split('/')[-1]:<11}{r.name:<19}{r.status:<12}"

@@ -1,7 +1,7 @@
 """The pass runner: the one place that does everything cross-cutting around a pass.
 
 For each pass of a stage (in `fxopt.passes.PIPELINE` order) the runner decides whether it
-runs (flag, default policy, availability), gives it a private copy of the graph, times it,
+runs (flag, default policy), gives it a private copy of the graph, times it,
 lints and recompiles what it returns, refreshes missing fake values, predicts memory before
 and after, tells the instruments (explain's recorder, the debug dumper) and, when the pass
 raises, keeps the untouched graph and warns naming the pass and the graph (training goes on,
@@ -43,7 +43,7 @@ class PassRecord:
     name: str
     stage: str
     graph: str
-    status: str  # "changed" | "unchanged" | "skipped" | "unavailable" | "failed"
+    status: str  # "changed" | "unchanged" | "skipped" | "failed"
     reason: str
     nodes_before: int | None = None
     nodes_after: int | None = None
@@ -122,7 +122,6 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
                         status="skipped", reason=reason)
     records.append(record)
     if not enabled:
-        record.status = "unavailable" if not spec.available else "skipped"
         log.debug("fxopt: %s on %s: %s", spec.name, ctx.graph_name, reason)
         return gm
 

@@ -1,7 +1,5 @@
-"""Shared fixtures: a clean Dynamo state per test, a pass made unavailable, and the `gpu`
-marker's skip."""
-
-import dataclasses
+"""Shared fixtures: a clean Dynamo state per test, no silent fallback to eager, and the
+`gpu` marker's skip."""
 
 import pytest
 import torch
@@ -25,20 +23,6 @@ def _no_silent_fallback(request):
         warnings.filterwarnings("error", message=r"fxopt: graph \S+ runs uncompiled")
         warnings.filterwarnings("error", message=r"fxopt: graph \S+ runs without Inductor")
         yield
-
-
-@pytest.fixture
-def unavailable_pass():
-    """The name of a pass that is listed but not built. Every pass is built today, so this
-    makes one unavailable (``run=None``) for the test, to check that its flag is still
-    reported rather than ignored."""
-    from fxopt.passes import PIPELINE
-
-    index = next(i for i, s in enumerate(PIPELINE) if s.name == "offload_optimizer")
-    original = PIPELINE[index]
-    PIPELINE[index] = dataclasses.replace(original, run=None)
-    yield original.name
-    PIPELINE[index] = original
 
 
 def pytest_collection_modifyitems(config, items):

@@ -136,14 +136,6 @@ def test_flag_decides_and_unset_flag_follows_the_default(flag, default, expected
     assert flagged.decide(elsewhere) == (False, "runs at stage pre_autograd")
 
 
-def test_unavailable_pass_is_reported_not_ignored(unavailable_pass):
-    name = unavailable_pass
-    with pytest.warns(UserWarning, match=f"'{name}' is not available yet"):
-        comparison = assert_same_as_eager(MLP(), (torch.randn(2, 13),), {name: True})
-    (record,) = [r for r in comparison.passes if r.name == name]
-    assert record.status == "unavailable" and record.reason == "not available yet (requested)"
-
-
 def test_debug_dir_dumps_stages_and_changing_passes(tmp_path):
     with extra_passes(spec(gelu_to_erf_formula, Stage.FORWARD)):
         assert_same_as_eager(MultiGelu(), (torch.randn(2, 9),), {"debug_dir": str(tmp_path)})

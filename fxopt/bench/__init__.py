@@ -7,11 +7,11 @@ Each pass's own benchmark can reuse these pieces: a :class:`Workload`, a :class:
 and :func:`measure`.
 """
 
-from fxopt.bench.configs import Config, all_configs, get_configs, unavailable_passes
+from fxopt.bench.configs import Config, all_configs, get_configs
 from fxopt.bench.measure import Measurement, Settings, largest_batch, measure
 from fxopt.bench.runner import Suite, run_suite
 from fxopt.bench.workloads import WORKLOADS, Workload, get_workloads
 
 __all__ = ["WORKLOADS", "Config", "Measurement", "Settings", "Suite", "Workload",
            "all_configs", "get_configs", "get_workloads", "largest_batch", "measure",
-           "run_suite", "unavailable_passes"]
+           "run_suite"]

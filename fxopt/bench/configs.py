@@ -1,10 +1,8 @@
 """The configurations each workload runs under: the baselines a user would pick instead
 of fxopt (eager, Inductor, Inductor with ``activation_memory_budget``, activation
-checkpointing with ``torch.utils.checkpoint``) and fxopt (defaults, each *available* pass
-alone, memory budgets). swap_recompute acts only under a budget, so it runs in the budget
-configurations; offload_optimizer's configuration also wraps the optimizer. Passes that are
-not built yet (``PassSpec.available``) get no configuration; :func:`unavailable_passes`
-lists them for the report.
+checkpointing with ``torch.utils.checkpoint``) and fxopt (defaults, each pass alone,
+memory budgets). swap_recompute acts only under a budget, so it runs in the budget
+configurations; offload_optimizer's configuration also wraps the optimizer.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from torch import nn
 from fxopt import _compat
 from fxopt.bench.workloads import Workload
 
-__all__ = ["Config", "all_configs", "get_configs", "unavailable_passes"]
+__all__ = ["Config", "all_configs", "get_configs"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ def _offloaded(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.opti
 
 
 def all_configs() -> list[Config]:
-    """Every configuration, baselines first; one per available pass."""
+    """Every configuration, baselines first; one per pass flag."""
     from fxopt.passes import PIPELINE
 
     configs = [
@@ -90,7 +88,7 @@ def all_configs() -> list[Config]:
         Config("fxopt", "fxopt", _fxopt()),
     ]
     for spec in PIPELINE:
-        if not (spec.available and spec.flag) or spec.name == "swap_recompute":
+        if not spec.flag or spec.flag == "swap_recompute":
             continue  # swap_recompute acts under a budget: the fxopt-budget-* configurations
         configs.append(Config(f"fxopt+{spec.name}", "fxopt", _fxopt(**{spec.flag: True}),
                               optimizer=_offloaded if spec.name == "offload_optimizer"
@@ -98,13 +96,6 @@ def all_configs() -> list[Config]:
     configs += [Config(f"fxopt-budget-{fraction}", "fxopt", _fxopt(memory_budget=fraction))
                 for fraction in (0.5, 0.25)]
     return configs
-
-
-def unavailable_passes() -> list[str]:
-    """Passes listed in the pipeline but not built yet: no configuration runs them."""
-    from fxopt.passes import PIPELINE
-
-    return [f"{spec.name} ({spec.issue})" for spec in PIPELINE if not spec.available]
 
 
 def get_configs(names: list[str] | None) -> list[Config]:
@@ -115,6 +106,5 @@ def get_configs(names: list[str] | None) -> list[Config]:
     unknown = [n for n in names if n not in configs]
     if unknown:
         raise ValueError(f"unknown configuration(s) {unknown}; configurations: "
-                         f"{list(configs)} (passes not available yet: "
-                         f"{unavailable_passes() or 'none'})")
+                         f"{list(configs)}")
     return [configs[n] for n in names]

@@ -83,9 +83,6 @@ def markdown(results: Sequence[Measurement], meta: dict[str, Any]) -> str:
     lines = [title, "", f"device: {meta['device']}; torch {meta['torch']}; "
              f"transformers {meta.get('transformers') or '—'}; {meta['date']}",
              f"command: `{meta['command']}`", ""]
-    if meta.get("unavailable_passes"):
-        lines += [f"passes not available yet (no configuration): "
-                  f"{', '.join(meta['unavailable_passes'])}", ""]
     lines += ["## Summary: fxopt against eager and the best baseline (ratios; < 1 is better)",
               "", (f"\\* unreliable time ratio: a step time from fewer than {RELIABLE_STEPS} "
                    f"timed steps or spread over more than {RELIABLE_SPREAD:.0%} of its median "

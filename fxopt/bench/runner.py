@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from fxopt.bench.configs import Config, unavailable_passes
+from fxopt.bench.configs import Config
 from fxopt.bench.measure import Measurement, Settings, measure
 from fxopt.bench.report import markdown, plot_workloads, write_json
 from fxopt.bench.workloads import Workload
@@ -118,5 +118,4 @@ def _meta(settings: Settings, command: str) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command, "smoke": settings.smoke, "warmup": settings.warmup,
         "steps": settings.steps, "memory_cap": settings.memory_cap,
-        "unavailable_passes": unavailable_passes(),
     }

@@ -73,7 +73,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """The ``bench`` subcommand; returns the exit status."""
     import torch
 
-    from fxopt.bench.configs import all_configs, get_configs, unavailable_passes
+    from fxopt.bench.configs import all_configs, get_configs
     from fxopt.bench.measure import Settings
     from fxopt.bench.runner import all_pairs, run_suite, smoke_pairs
     from fxopt.bench.workloads import WORKLOADS, get_workloads
@@ -81,7 +81,6 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.list:
         print("workloads:", ", ".join(WORKLOADS))
         print("configurations:", ", ".join(c.name for c in all_configs()))
-        print("passes not available yet:", ", ".join(unavailable_passes()) or "none")
         return 0
     try:
         workloads = get_workloads(args.workloads, smoke=args.smoke)

@@ -1,9 +1,10 @@
 """The pass registry: every fxopt pass, in pipeline order.
 
 One ordered list, read per stage by the runner (`fxopt.pipeline`); drivers never chain
-``if config.x:``. A planned pass is listed with ``run=None`` so that its flag is accepted and
-reported as "not available yet" by `fxopt passes` and explain. The rules every pass keeps
-are in README.md beside this file.
+``if config.x:`` and call no pass themselves. A pass that works at two stages is two
+entries under one flag (swap_recompute decides on the joint graph; swap_prefetch places its
+prefetches in the partitioned backward). The rules every pass keeps are in README.md
+beside this file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.passes.offload_optimizer import offload_optimizer
 from fxopt.passes.swap_recompute import swap_recompute
+from fxopt.passes.swap_recompute.prefetch import swap_prefetch
 from fxopt.passes.tempo import tempo
 
 __all__ = [
@@ -27,28 +29,38 @@ __all__ = [
     "PIPELINE", "passes_for", "get_pass",
 ]
 
+
+def _budget_or_plan(ctx: PassContext) -> bool:
+    return ctx.options.memory_budget is not None or ctx.options.plan is not None
+
+
 PIPELINE: list[PassSpec] = [
     PassSpec(
-        name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=tempo, issue="#6",
+        name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=tempo,
         default_text="off unless asked (trades gradient accuracy and time for memory)",
         description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
     PassSpec(
-        name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn, issue="#5",
+        name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn,
         description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
     PassSpec(
         name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,),
-        run=swap_recompute, issue="#7",
-        default=lambda ctx: ctx.options.memory_budget is not None or ctx.options.plan is not None,
+        run=swap_recompute, default=_budget_or_plan,
         default_text="on when memory_budget (or plan) is set",
         description="keep, recompute or swap each saved activation (DELTA)"),
     PassSpec(
+        name="swap_prefetch", flag="swap_recompute", stages=(Stage.BACKWARD,),
+        run=swap_prefetch, default=_budget_or_plan,
+        default_text="on when memory_budget (or plan) is set, as swap_recompute",
+        description="issues each swapped activation's prefetch where swap_recompute planned "
+                    "it, after the partitioner's reordering"),
+    PassSpec(
         name="fuse_elementwise", flag="fuse_elementwise",
-        stages=(Stage.FORWARD, Stage.BACKWARD), run=fuse_elementwise, issue="#4",
+        stages=(Stage.FORWARD, Stage.BACKWARD), run=fuse_elementwise,
         default_text="off (opt in; on a CPU it needs TRITON_INTERPRET=1)",
         description="pointwise op chains become generated Triton kernels"),
     PassSpec(
         name="offload_optimizer", flag="offload_optimizer", stages=(Stage.BACKWARD,),
-        run=offload_optimizer, issue="#9",
+        run=offload_optimizer,
         default_text="off (records the plan fxopt.optim.offload uses; never edits the graph)",
         description="optimizer state of some parameter groups on the CPU (Deep Optimizer States)"),
 ]

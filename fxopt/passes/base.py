@@ -102,30 +102,21 @@ PassFn = Callable[[fx.GraphModule, PassContext], PassResult]
 class PassSpec:
     """A pass as the registry lists it.
 
-    ``run`` is None for a pass that is planned but not built yet: its flag is accepted and
-    reported as "not available yet" rather than silently ignored. ``default`` decides
-    whether the pass runs when its flag is unset (None); ``default_text`` says the same
-    in words for `fxopt passes`. ``flag`` is None for internal passes that always run.
+    ``default`` decides whether the pass runs when its flag is unset (None);
+    ``default_text`` says the same in words for `fxopt passes`. ``flag`` is None for
+    internal passes, which ``default`` alone decides.
     """
 
     name: str
     stages: tuple[Stage, ...]
     description: str
-    run: PassFn | None
+    run: PassFn
     default: Callable[[PassContext], bool] = lambda ctx: False
     default_text: str = "off"
     flag: str | None = None
-    issue: str = ""
-
-    @property
-    def available(self) -> bool:
-        return self.run is not None
 
     def decide(self, ctx: PassContext) -> tuple[bool, str]:
         """Whether to run on this graph, and why, in words for the report."""
-        if not self.available:
-            requested = self.flag is not None and getattr(ctx.options, self.flag) is True
-            return False, "not available yet" + (" (requested)" if requested else "")
         if ctx.stage not in self.stages:
             return False, f"runs at stage {'/'.join(s.value for s in self.stages)}"
         value = getattr(ctx.options, self.flag) if self.flag else None

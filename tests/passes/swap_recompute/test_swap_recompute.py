@@ -168,6 +168,8 @@ def test_prefetch_is_issued_ahead_of_its_wait():
     compiled = torch.compile(model, backend=backend)
     with pytest.warns(UserWarning, match="cannot fit"):
         compiled(torch.randn(32, 64)).sum().backward()
+    (placement,) = backend.graphs[0].pass_records("swap_prefetch")
+    assert placement.fired and placement.stats["prefetch_starts_moved"] >= 1
     backward = backend.graphs[0].graphs["backward"]
     order = {n: i for i, n in enumerate(backward.graph.nodes)}
     waits = [n for n in backward.graph.nodes

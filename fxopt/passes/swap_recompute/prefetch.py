@@ -1,0 +1,23 @@
+"""swap_recompute's post-partition half: where each swapped activation's prefetch starts.
+
+The joint-stage pass inserts each swap's ``fxopt::swap_prefetch_start`` with the backward
+node it must be issued before (as many steps ahead of the first use as the roofline says
+the copy needs). The partitioner may reorder the backward, so once the backward exists this
+pass moves each start back to that place (:func:`~.apply.place_prefetches`). It is
+registered under swap_recompute's flag and default, so it runs whenever swap_recompute
+does, and leaves a backward without swaps unchanged.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.swap_recompute.apply import place_prefetches
+
+__all__ = ["swap_prefetch"]
+
+
+def swap_prefetch(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    moved = place_prefetches(gm)
+    return PassResult(gm, moved > 0, {"prefetch_starts_moved": moved})
