@@ -15,11 +15,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.fx.graph import CodeGen
+from torch.utils._python_dispatch import TorchDispatchMode  # documented, in a private module
 
 __all__ = [
     "aot_autograd", "default_partition", "min_cut_partition", "inductor_partition",
     "inductor_inference_passes", "inductor_decompositions",
-    "inductor_compile", "boxed_fx_callable", "graph_break_counts",
+    "inductor_compile", "boxed_fx_callable", "graph_break_counts", "TorchDispatchMode",
 ]
 
 
