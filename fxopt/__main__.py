@@ -5,7 +5,7 @@ and the options with their documentation; ``diff`` shows what each pass did to e
 of a ``debug_dir`` dump (`fxopt.debug.cli`); ``profile`` breaks a training step's memory
 into categories (`fxopt.profile.cli`); ``bench`` runs the benchmark suite (`fxopt.bench.cli`);
 ``plan`` prints the planner's time-vs-memory frontier and ``calibrate`` measures the device
-(`fxopt.planner.cli`).
+(`fxopt.planner.cli`); ``doctor`` runs the self-test for bug reports (`fxopt.doctor`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,23 @@ def _passes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from fxopt.doctor import CHECKS, format_report, report_json, run_doctor
+
+    unknown = sorted(set(args.only or ()) - set(CHECKS))
+    if unknown:
+        print(f"fxopt doctor: unknown check(s) {unknown}; choose from {sorted(CHECKS)}")
+        return 2
+    checks = run_doctor(args.device, args.only)
+    print(format_report(checks))
+    with open(args.json, "w") as f:
+        json.dump(report_json(checks), f, indent=1, default=str)
+    print(f"\nwrote {args.json}: paste it into the bug report")
+    return 1 if any(c.status == "failed" for c in checks) else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fxopt", description="fxopt: a torch.compile backend that cuts training memory "
@@ -45,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     listing = commands.add_parser("passes", help="list the passes, their stages and defaults")
     listing.add_argument("--options", action="store_true", help="also list every option")
     listing.set_defaults(run=_passes)
+    doctor = commands.add_parser("doctor", help="self-test on this machine (GPU: every check)"
+                                 ", for a bug report")
+    doctor.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
+    doctor.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
+    doctor.add_argument("--json", default="fxopt_doctor.json", help="where to write the report")
+    doctor.set_defaults(run=_doctor)
     from fxopt.debug.cli import add_diff_command
 
     add_diff_command(commands)

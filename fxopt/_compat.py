@@ -15,7 +15,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.fx.graph import CodeGen
-from torch.utils._python_dispatch import TorchDispatchMode  # documented, in a private module
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,  # documented, in a private module
+)
 
 __all__ = [
     "aot_autograd", "default_partition", "min_cut_partition", "inductor_partition",
@@ -187,3 +189,10 @@ def op_alias_sets(op: Any) -> tuple[list[tuple[str, frozenset[str], bool]],
 
 def is_symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def dynamo_allow_rnn() -> Any:
+    """A context in which Dynamo traces ``nn.LSTM``/``nn.GRU`` (for fuse_rnn)."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(allow_rnn=True)
