@@ -236,3 +236,10 @@ def op_alias_sets(op: Any) -> tuple[list[tuple[str, frozenset[str], bool]],
 
 def is_symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def dynamo_allow_rnn() -> Any:
+    """A context in which Dynamo traces ``nn.LSTM``/``nn.GRU`` (for fuse_rnn)."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(allow_rnn=True)

@@ -6,9 +6,9 @@ Triton compiles to PTX and, with the ptxas it ships, to a cubin without a GPU or
 compiled the way the JIT specializes a real call: ``tt.divisibility`` 16 on the pointers and
 element counts (aligned tensors, counts that are multiples of 16), without which even a
 contiguous add compiles to scalar loads. From the result this module reads registers per
-thread and spill bytes (``ptxas -v``), shared memory (Triton's metadata) and every global
-load and store instruction with its width in bits (the PTX), and from those the bytes each
-kernel issues per element.
+thread (cuobjdump) and spill bytes (``ptxas -v``), shared memory (Triton's metadata) and
+every global load and store instruction with its width in bits (the PTX), and from the
+masked ones (operands, one per element) the bytes each kernel issues per element.
 
 The compile runs in a child process without ``TRITON_INTERPRET``: in a process where the
 interpreter is on, Triton's own library functions (``tl.zeros_like``, ``tl.sum``, ...) are
@@ -85,7 +85,8 @@ class KernelReport:
     shared_bytes: int = 0
     loads: dict[int, int] = field(default_factory=dict)   # width in bits -> instructions
     stores: dict[int, int] = field(default_factory=dict)
-    bytes_per_element: float = 0.0
+    bytes_per_element: float = 0.0  # of the masked (per-element operand) accesses
+    operand_widths: list[int] = field(default_factory=list)  # widths of the masked ones
     min_bytes_per_element: float | None = None
     error: str = ""
 
@@ -177,8 +178,8 @@ def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 102
 
 def pointwise_spec(program: Program, layout: Layout, label: str) -> KernelSpec:
     """The generated kernel of ``program`` for ``layout``, at one of the autotuner's blocks.
-    Its minimum traffic counts only the operands addressed linearly (a broadcast operand's
-    reads mostly hit the cache)."""
+    Its minimum traffic counts each output written once and each linearly addressed input
+    read once (a broadcast input's reads, mostly served by the cache, are not counted)."""
     name = "fxopt_aot_pointwise"
     index = "i64" if layout.wide else "i32"
     signature = {f"in{i}": _ptr(_TRITON_TYPE[d]) for i, d in enumerate(program.inputs)}
@@ -192,7 +193,7 @@ def pointwise_spec(program: Program, layout: Layout, label: str) -> KernelSpec:
                       for d in range(layout.ndim)}
     signature["BLOCK"] = "constexpr"
     linear = [d for d, s in zip(program.inputs, layout.strided_inputs) if not s]
-    linear += [d for d, s in zip(program.output_dtypes, layout.strided_outputs) if not s]
+    linear += list(program.output_dtypes)
     pointers = tuple(n for n in signature if signature[n].startswith("*"))
     return KernelSpec(label, signature, {"BLOCK": _POINTWISE_BLOCK}, (*pointers, "numel"),
                       _POINTWISE_BLOCK, source=kernel_source(program, layout, name),
@@ -202,14 +203,19 @@ def pointwise_spec(program: Program, layout: Layout, label: str) -> KernelSpec:
 
 # ------------------------------------------------------------------ compiling (the child)
 
-_MEMORY = re.compile(r"\b(ld|st)\.global((?:\.[\w:]+)*)")
+_MEMORY = re.compile(r"(@!?%p\d+\s+)?\b(ld|st)\.global((?:\.[\w:]+)*)")
 _WIDTH = re.compile(r"^[bufs](\d+)$")
 
 
-def _global_accesses(ptx: str) -> tuple[Counter, Counter]:
-    """Global load and store instructions in ``ptx`` by access width in bits."""
+def _global_accesses(ptx: str, masked_only: bool = False) -> tuple[Counter, Counter]:
+    """Global load and store instructions in ``ptx`` by access width in bits; with
+    ``masked_only``, only the predicated ones (a masked ``tl.load``/``tl.store`` of an
+    operand; unmasked loads read lookup tables such as libdevice's sin/cos reduction
+    table on a slow path, or the GELU fit's)."""
     counts = {"ld": Counter(), "st": Counter()}
-    for kind, suffix in _MEMORY.findall(ptx):
+    for predicate, kind, suffix in _MEMORY.findall(ptx):
+        if masked_only and not predicate:
+            continue
         parts = suffix.strip(".").split(".")
         vector = next((int(p[1:]) for p in parts if p in ("v2", "v4", "v8")), 1)
         bits = next((int(m.group(1)) for p in parts if (m := _WIDTH.match(p))), 0)
@@ -290,7 +296,9 @@ def compile_one(spec: KernelSpec, arch: int) -> KernelReport:
     loads, stores = _global_accesses(ptx)
     report.loads, report.stores = dict(loads), dict(stores)
     threads = spec.num_warps * 32
-    issued_bits = sum(w * n for w, n in (loads + stores).items())
+    masked_loads, masked_stores = _global_accesses(ptx, masked_only=True)
+    issued_bits = sum(w * n for w, n in (masked_loads + masked_stores).items())
+    report.operand_widths = sorted(set(masked_loads) | set(masked_stores))
     report.bytes_per_element = issued_bits / 8 * threads / spec.elements_per_program
     return report
 

@@ -48,7 +48,7 @@ def test_representative_kernels_compile_without_spills_and_vectorize():
     # start and scale of 8 elements' intervals, and the mask byte)
     assert sum(n for width, n in reports[1].loads.items() if width <= 32) <= 40
     for report in reports[len(jobs):len(jobs) + 2]:  # contiguous: 128-bit, minimal bytes
-        assert set(report.loads) | set(report.stores) == {128}, report
+        assert report.operand_widths == [128], report
         assert report.bytes_per_element <= 1.05 * report.min_bytes_per_element, report
     # the broadcast operand is read by index arithmetic (scalar gathers), the others stay
     # linear and vectorized
@@ -66,3 +66,5 @@ def test_global_access_widths_are_read_from_ptx():
     """
     loads, stores = _global_accesses(ptx)
     assert loads == {128: 1, 32: 1, 8: 1} and stores == {32: 1}
+    loads, stores = _global_accesses(ptx, masked_only=True)
+    assert loads == {128: 1, 32: 1} and stores == {32: 1}

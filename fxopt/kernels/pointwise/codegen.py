@@ -26,7 +26,8 @@ import torch
 from fxopt.kernels import triton_interpreting
 from fxopt.kernels.pointwise.ops import EXPRESSIONS
 
-__all__ = ["Ref", "Instr", "Program", "Layout", "kernel_source", "get_kernel", "cached_kernels"]
+__all__ = ["Ref", "Instr", "Program", "Layout", "kernel_source", "get_kernel", "cached_kernels",
+           "cached_programs"]  # noqa: RUF022 (in reading order)
 
 # ("in", i): the i-th tensor input; ("v", j): the j-th instruction's value; ("c", x): a number
 Ref = tuple[str, Any]
@@ -175,6 +176,11 @@ _names = itertools.count()
 def cached_kernels() -> int:
     """How many kernels this process has generated."""
     return len(_kernels)
+
+
+def cached_programs() -> list[tuple[Program, Layout]]:
+    """The program and layout of every kernel this process has generated."""
+    return list(_kernels)
 
 
 def get_kernel(program: Program, layout: Layout) -> tuple[Any, bool]:

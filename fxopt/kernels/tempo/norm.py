@@ -15,8 +15,11 @@ and where |gamma_j| is small beside |beta_j| the division amplifies y's rounding
 and the backward uses those saved values there: exact for up to that many unsafe columns
 (amplification above MAX_AMPLIFICATION for y's dtype: 100 in fp32 keeps x_hat's error
 near 1e-5; 2 in bf16, whose rounding alone is 4e-3; or |gamma_j| < 1e-30). With more
-unsafe columns than that the forward raises a clear error (no silent wrong gradient); the
-check costs one small host sync per norm per step. In bf16 the error grows with
+unsafe columns than that, x is not recoverable from what was saved: the backward then
+returns NaN for dx and dgamma (dbeta needs no x_hat and stays exact), never a silently
+wrong gradient, and loss or gradient-norm checks (AMP's GradScaler skips such a step)
+report it. The decision is made on the device from gamma and beta, so a norm never waits
+for the host (no host sync per norm per step). In bf16 the error grows with
 |beta| / |gamma| below that bound: Tempo's trade, exact only in the guarded columns.
 The computation is in fp32; y has the dtype the replaced code's output had.
 """
@@ -45,21 +48,29 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.reshape(-1, n).float()
 
 
-def _guard_columns(weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
-                   what: str) -> torch.Tensor:
-    """The guarded columns (int64 [capacity]); raises if more columns are unsafe."""
-    n = weight.numel()
-    capacity = guard_capacity(n)
-    amplification = MAX_AMPLIFICATION.get(out_dtype, 2.0)
-    threshold = bias.detach().float().abs() / amplification if bias is not None else 0.0
-    score = weight.detach().float().abs() / (threshold + _TINY)  # unsafe where <= 1
-    order = torch.topk(score, min(n, capacity + 1), largest=False).indices
-    if capacity < n and bool(score[order[capacity]] <= 1):
-        raise RuntimeError(
-            f"fxopt tempo: {what} has more than {capacity} of {n} weights at or near zero "
-            f"(|bias| / |weight| >= {amplification}); its memory-lean backward cannot recover "
-            "the input there. Compile with options={'tempo': False} for this model.")
-    return order[:capacity]
+def _unsafe_scores(weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+                   ) -> torch.Tensor:
+    """|gamma_j| / (|beta_j| / amplification bound): column j is unsafe where this is <= 1."""
+    threshold = (bias.detach().float().abs() / MAX_AMPLIFICATION.get(out_dtype, 2.0)
+                 if bias is not None else 0.0)
+    return weight.detach().float().abs() / (threshold + _TINY)
+
+
+def _guard_columns(weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+                   ) -> torch.Tensor:
+    """The guarded columns (int64 [capacity]): the least safe ones."""
+    capacity = guard_capacity(weight.numel())
+    return torch.topk(_unsafe_scores(weight, bias, out_dtype), capacity, largest=False).indices
+
+
+def _nan_if_unguarded(grads: tuple[torch.Tensor, ...], weight: torch.Tensor,
+                      bias: torch.Tensor | None, out_dtype: torch.dtype
+                      ) -> tuple[torch.Tensor, ...]:
+    """``grads`` all NaN when more columns are unsafe than the guard saved (decided on the
+    device: a 0-d mask, no host sync)."""
+    unsafe = (_unsafe_scores(weight, bias, out_dtype) <= 1).sum()
+    too_many = unsafe > guard_capacity(weight.numel())
+    return tuple(g.masked_fill(too_many, math.nan) for g in grads)
 
 
 def _normalize(x: torch.Tensor, n: int, eps: float, centered: bool
@@ -120,7 +131,7 @@ def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
     xhat, rstd = _normalize(x, n, eps, centered=True)
     w, b = _vector(weight, n, 1.0, x), _vector(bias, n, 0.0, x)
     y = (xhat * w + b).to(out_dtype).view(x.shape)
-    guard = (_guard_columns(w, b, out_dtype, "a LayerNorm") if weight is not None
+    guard = (_guard_columns(w, b, out_dtype) if weight is not None
              else torch.arange(guard_capacity(n), device=x.device))
     return y, rstd, xhat[:, guard].contiguous(), guard
 
@@ -139,7 +150,10 @@ def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Ten
     n = y.numel() // rstd.numel()
     w, b = _vector(weight, n, 1.0, y), _vector(bias, n, 0.0, y)
     xhat = _xhat_from_output(y, w, b, guard_xhat, guard_index)
-    return _norm_backward(dy, xhat, rstd, w, centered=True)
+    dx, dweight, dbias = _norm_backward(dy, xhat, rstd, w, centered=True)
+    if weight is None:
+        return dx, dweight, dbias
+    return (*_nan_if_unguarded((dx, dweight), w, b, y.dtype), dbias)
 
 
 @tempo_layer_norm_backward.register_fake
@@ -181,7 +195,7 @@ def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: fl
         xhat = xhat.to(x.dtype).float()
     w = _vector(weight, n, 1.0, x)
     y = (xhat * w).to(out_dtype).view(x.shape)
-    guard = (_guard_columns(w, None, out_dtype, "an RMSNorm") if weight is not None
+    guard = (_guard_columns(w, None, out_dtype) if weight is not None
              else torch.arange(guard_capacity(n), device=x.device))
     return y, rstd, xhat[:, guard].contiguous(), guard
 
@@ -201,7 +215,9 @@ def tempo_rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tenso
     w = _vector(weight, n, 1.0, y)
     xhat = _xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
     dx, dweight, _ = _norm_backward(dy, xhat, rstd, w, centered=False)
-    return dx, dweight
+    if weight is None:
+        return dx, dweight
+    return _nan_if_unguarded((dx, dweight), w, None, y.dtype)
 
 
 @tempo_rms_norm_backward.register_fake

@@ -1,0 +1,377 @@
+"""``fxopt doctor``: one self-test a user runs on their machine and pastes into a bug report.
+
+Each check returns a :class:`Check` (ok, failed or skipped, a one-line detail, and numbers
+for the JSON report). On a CUDA device every check runs:
+
+- ``kernels``: every Triton kernel family (tempo GELU and norms, the LSTM/GRU cells,
+  generated pointwise kernels) through its pass, at odd shapes, against eager, with
+  gradients; each pass must fire;
+- ``host_sync``: a training step with every pass on makes no call that waits for the
+  device (`fxopt.analysis.host_sync`);
+- ``swap_overlap``: a swap-only run's timeline (torch.profiler): how much of the copy time
+  overlapped compute;
+- ``memory``: ``torch.cuda.max_memory_allocated`` of a step at three budgets against the
+  planner's prediction;
+- ``offload_optimizer``: the offloaded optimizer against the plain one for a few steps;
+- ``speed``: a small model's step time under eager, Inductor and fxopt.
+
+Without a GPU the CPU subset runs (kernels on the torch references, or on Triton's
+interpreter under ``TRITON_INTERPRET=1``; the host-sync check; the ahead-of-time compile of
+representative kernels for sm_80/sm_90, `fxopt.kernels.aot`) and the GPU-only checks are
+listed as skipped with the reason. The ``gpu``-marked tests call these same functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["CHECKS", "Check", "format_report", "report_json", "run_doctor"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok", "failed" or "skipped"
+    detail: str
+    seconds: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class _Skip(Exception):
+    """A check that cannot run here; the message says why."""
+
+
+def _cuda_only(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise _Skip("needs a CUDA device")
+
+
+# ---------------------------------------------------------------- the models it runs
+
+class _NormMLP(nn.Module):
+    """LayerNorm -> Linear -> GELU -> Linear -> RMSNorm: tempo's GELU and both norms."""
+
+    def __init__(self, width: int = 37) -> None:
+        super().__init__()
+        self.norm, self.rms = nn.LayerNorm(width), nn.RMSNorm(width)
+        self.up, self.down = nn.Linear(width, 3 * width), nn.Linear(3 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rms(self.down(F.gelu(self.up(self.norm(x)), approximate="tanh")))
+
+
+class _LSTMModel(nn.Module):
+    def __init__(self, width: int = 37, cell: type = nn.LSTM) -> None:
+        super().__init__()
+        self.rnn, self.head = cell(width, width, batch_first=True), nn.Linear(width, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0])
+
+
+def _pointwise_chain(x: torch.Tensor, y: torch.Tensor, b: torch.Tensor) -> tuple:
+    z = torch.sigmoid(x * y + b)
+    return F.gelu(z) * torch.tanh(x) - z, z
+
+
+def _deep_mlp(width: int) -> nn.Module:
+    layers = [m for _ in range(6) for m in (nn.Linear(width, width), nn.GELU())]
+    return nn.Sequential(*layers, nn.Linear(width, 8))
+
+
+# ---------------------------------------------------------------- the checks
+
+def check_kernels(device: torch.device) -> dict[str, Any]:
+    """Each kernel family through its pass at odd shapes against eager, with gradients."""
+    from fxopt._compat import dynamo_allow_rnn
+    from fxopt.kernels import triton_runs_on
+    from fxopt.testing import assert_same_as_eager
+
+    def tokens(dtype: torch.dtype) -> tuple:
+        return (torch.randn(3, 7, 37, device=device, dtype=dtype),)
+
+    def chain_inputs(dtype: torch.dtype) -> tuple:
+        return tuple(torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+                     for shape in ((13, 101), (13, 101), (101,)))
+
+    # tempo: GELU's derivative comes from a fitted polynomial (relative error below 1e-3,
+    # the fit's bar); bf16: each op rounds to bf16 (4e-3), seven ops (the property test's)
+    fitted, rounded = {torch.float32: (1e-3, 1e-3)}, {torch.bfloat16: (5e-2, 3e-2)}
+    cases = [("tempo", "LayerNorm+GELU+RMSNorm", _NormMLP, tokens, torch.float32, fitted),
+             ("fuse_rnn", "LSTM", _LSTMModel, tokens, torch.float32, {}),
+             ("fuse_rnn", "GRU", lambda: _LSTMModel(cell=nn.GRU), tokens, torch.float32, {})]
+    if triton_runs_on(device):  # the generated kernels need Triton (or its interpreter)
+        cases += [("fuse_elementwise", "pointwise chain", lambda: _pointwise_chain,
+                   chain_inputs, dtype, rounded) for dtype in (torch.float32, torch.bfloat16)]
+    results = {"kernels": "Triton" if triton_runs_on(device) else "torch references"}
+    if not triton_runs_on(device):
+        results["not run"] = ("generated pointwise kernels (no Triton on this device; on a "
+                              "CPU, TRITON_INTERPRET=1 runs them)")
+    for name, label, build, inputs, dtype, tolerances in cases:
+        model = build()
+        if isinstance(model, nn.Module):
+            model = model.to(device=device, dtype=dtype)
+        torch.compiler.reset()
+        torch.manual_seed(0)
+        with dynamo_allow_rnn():
+            comparison = assert_same_as_eager(model, inputs(dtype), {name: True, "strict": True},
+                                              tolerances=tolerances)
+        if not comparison.fired(name):
+            raise AssertionError(f"{label}: {name} did not fire")
+        results[f"{label} {str(dtype)[6:]}"] = "equal to eager"
+    return results
+
+
+def check_host_sync(device: torch.device) -> dict[str, Any]:
+    """A tiny GPT-2's second training step with every pass on: no host synchronisation."""
+    from fxopt.analysis.host_sync import HostSyncRecorder, graph_syncs
+    from fxopt.bench.workloads import WORKLOADS
+    from fxopt.compiler import Backend
+    from fxopt.profile import default_loss
+
+    workload = WORKLOADS["gpt2-small"]
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    model = workload.build(True).to(device)
+    inputs = workload.inputs(model, workload.smoke_batch, True, device)
+    backend = Backend({"tempo": True, "fuse_rnn": True, "fuse_elementwise": True,
+                       "memory_budget": 0.5})
+    compiled = torch.compile(model, backend=backend)
+    default_loss(compiled(**inputs)).backward()
+    with HostSyncRecorder(device.type) as recorder:
+        default_loss(compiled(**inputs)).backward()
+    fxopt_calls = [str(c) for c in recorder.calls if "/fxopt/" in c.where]
+    static = [str(s) for g in backend.graphs for kind in ("forward", "backward")
+              if kind in g.graphs for s in graph_syncs(g.graphs[kind])]
+    if fxopt_calls or static:
+        raise AssertionError("host syncs: " + "; ".join(fxopt_calls + static))
+    fired = sorted({r.name for g in backend.graphs for r in g.passes if r.fired})
+    return {"passes fired": ", ".join(fired), "host syncs": 0}
+
+
+def check_aot(device: torch.device) -> dict[str, Any]:
+    """Representative kernels compiled for sm_80 and sm_90 here, with no GPU needed."""
+    if device.type == "cuda":
+        raise _Skip("the kernels check compiled and ran them on this GPU")
+    from fxopt.kernels import aot, triton_installed
+
+    if not triton_installed():
+        raise _Skip("Triton is not installed")
+    specs = [s for s in aot.handwritten_specs(("bf16",)) if "[tanh]" in s.label
+             or s.label.startswith("lstm")]
+    reports = aot.compile_specs(specs)
+    problems = [p for r in reports for p in aot.problems(r)]
+    if problems:
+        raise AssertionError("; ".join(problems))
+    return {r.label + f" sm_{r.arch}": f"{r.registers} registers, no spill" for r in reports}
+
+
+def _overlap(copies: list[tuple[float, float]], compute: list[tuple[float, float]]
+             ) -> float:
+    """Time of ``copies`` covered by the union of ``compute`` intervals."""
+    merged: list[list[float]] = []
+    for start, end in sorted(compute):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return sum(max(0.0, min(end, m_end) - max(start, m_start))
+               for start, end in copies for m_start, m_end in merged)
+
+
+def check_swap_overlap(device: torch.device) -> dict[str, Any]:
+    """One step with swapping forced: how much copy time overlapped compute kernels."""
+    _cuda_only(device)
+    from torch.profiler import ProfilerActivity, profile
+
+    from fxopt.compiler import Backend
+
+    torch.compiler.reset()
+    model = _deep_mlp(2048).to(device)
+    x = torch.randn(8192, 2048, device=device)
+    backend = Backend({"memory_budget": 0.5, "force_swap": True})
+    compiled = torch.compile(model, backend=backend)
+    compiled(x).sum().backward()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        compiled(x).sum().backward()
+        torch.cuda.synchronize()
+    copies, compute = [], []
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        span = (event.time_range.start, event.time_range.end)
+        (copies if "memcpy" in event.name.lower() else compute).append(span)
+    copy_us = sum(end - start for start, end in copies)
+    if not copy_us:
+        raise AssertionError("no copies in the timeline: swap_recompute swapped nothing")
+    overlapped = _overlap(copies, compute)
+    return {"copies": len(copies), "copy ms": round(copy_us / 1e3, 3),
+            "overlapped": f"{overlapped / copy_us:.0%}"}
+
+
+def check_memory(device: torch.device) -> dict[str, Any]:
+    """Peak memory of a step at three budgets against the planner's prediction."""
+    _cuda_only(device)
+    from fxopt.compiler import Backend
+
+    results = {}
+    for fraction in (1.0, 0.6, 0.35):
+        torch.compiler.reset()
+        torch.manual_seed(0)
+        model = _deep_mlp(2048).to(device)
+        x = torch.randn(8192, 2048, device=device)
+        backend = Backend({"memory_budget": fraction})
+        compiled = torch.compile(model, backend=backend)
+        compiled(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        compiled(x).sum().backward()
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated(device) - before
+        predicted = sum(g.memory["fxopt"].peak_bytes for g in backend.graphs
+                        if g.memory.get("fxopt"))
+        results[f"budget {fraction}"] = {"measured MiB": round(measured / 2**20, 1),
+                                         "predicted MiB": round(predicted / 2**20, 1)}
+        del model, compiled, x
+    return results
+
+
+def check_offload_optimizer(device: torch.device) -> dict[str, Any]:
+    """The offloaded AdamW (half its state on the CPU) against the plain one, 4 steps."""
+    _cuda_only(device)
+    from fxopt.optim import offload
+
+    torch.manual_seed(0)
+    model = _deep_mlp(64).to(device)
+    plain_model = copy.deepcopy(model)
+    wrapped = offload(torch.optim.AdamW(model.parameters(), lr=1e-2), model, cpu_fraction=0.5)
+    plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-2)
+    for _ in range(4):
+        x = torch.randn(32, 64, device=device)
+        for m, optimizer in ((model, wrapped), (plain_model, plain)):
+            optimizer.zero_grad()
+            m(x).pow(2).mean().backward()
+            optimizer.step()
+    worst = max((a - b).abs().max().item() for a, b in
+                zip(model.parameters(), plain_model.parameters()))
+    for a, b in zip(model.parameters(), plain_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    return {"steps": 4, "largest difference": worst}
+
+
+def _step_ms(step: Callable[[], None], repeat: int = 10) -> float:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def check_speed(device: torch.device) -> dict[str, Any]:
+    """Step time of the benchmark suite's small GPT-2 under eager, Inductor and fxopt."""
+    _cuda_only(device)
+    from fxopt.bench.workloads import WORKLOADS
+    from fxopt.profile import default_loss
+
+    workload = WORKLOADS["gpt2-small"]
+    results = {}
+    for name, backend in (("eager", None), ("inductor", "inductor"), ("fxopt", "fxopt")):
+        torch.compiler.reset()
+        torch.manual_seed(0)
+        model = workload.build(True).to(device)
+        inputs = workload.inputs(model, 8, True, device)
+        run = model if backend is None else torch.compile(model, backend=backend)
+        results[f"{name} ms/step"] = round(
+            _step_ms(lambda run=run, inputs=inputs: default_loss(run(**inputs)).backward()), 3)
+    return results
+
+
+CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
+    "kernels": check_kernels, "host_sync": check_host_sync, "aot_compile": check_aot,
+    "swap_overlap": check_swap_overlap, "memory": check_memory,
+    "offload_optimizer": check_offload_optimizer, "speed": check_speed,
+}
+
+
+def run_doctor(device: str | None = None, only: list[str] | None = None) -> list[Check]:
+    """Run the checks (all, or ``only`` these) on ``device`` (default: CUDA if present)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    checks = []
+    for name, check in CHECKS.items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        try:
+            data = check(device)
+            status, detail = "ok", ""
+        except _Skip as skip:
+            data, status, detail = {}, "skipped", str(skip)
+        except Exception as error:  # a failed check is the report's content
+            data, status = {}, "failed"
+            detail = f"{type(error).__name__}: {str(error).strip()[:400]}"
+            log.debug("doctor check %s failed", name, exc_info=True)
+        checks.append(Check(name, status, detail, time.perf_counter() - start, data))
+    return checks
+
+
+def environment() -> dict[str, Any]:
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def report_json(checks: list[Check]) -> dict[str, Any]:
+    return {"environment": environment(), "checks": [asdict(c) for c in checks]}
+
+
+def _summary(data: dict[str, Any]) -> str:
+    parts = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        elif isinstance(value, float) and not math.isnan(value):
+            value = f"{value:.3g}"
+        parts.append(f"{key}: {value}")
+    return "; ".join(parts)
+
+
+def format_report(checks: list[Check]) -> str:
+    """A table: one line per check (status, seconds, what it found or why it skipped)."""
+    env = environment()
+    lines = [" ".join(f"{k} {v}" for k, v in env.items()), ""]
+    lines.append(f"{'check':<18} {'status':<8} {'seconds':>7}  result")
+    for c in checks:
+        lines.append(f"{c.name:<18} {c.status:<8} {c.seconds:>7.1f}  "
+                     f"{c.detail or _summary(c.data)}")
+    skipped = [c.name for c in checks if c.status == "skipped"]
+    if skipped:
+        lines.append(f"\nskipped here: {', '.join(skipped)} (run fxopt doctor on a GPU)")
+    return "\n".join(lines)
