@@ -147,6 +147,10 @@ def boxed_fx_callable(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
     """fxopt's default code generation: the graph's own Python code, boxed."""
     gm.graph.set_codegen(_BoxedCodeGen())
     gm.recompile()
+    # A lazy graph module (AOTAutograd's) generates its code at the first call and routes
+    # every later call through a recompile check and Module.__call__: generate it now and
+    # call the generated forward directly.
+    getattr(gm, "real_recompile", lambda: None)()
     forward = gm.forward
 
     def run(args: list[Any]) -> Any:

@@ -18,6 +18,7 @@ use) or Inductor's per-graph compiler.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -37,6 +38,7 @@ from fxopt.analysis.memory import (
     estimate_joint_memory,
     estimate_step_memory,
 )
+from fxopt.codegen import choose_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
@@ -71,6 +73,7 @@ class GraphRecord:
     memory: dict[str, MemoryEstimate | None] = field(default_factory=dict)
     cost: dict[str, GraphCost | None] = field(default_factory=dict)
     compile_seconds: float = 0.0
+    codegen_reason: str = ""  # why options.codegen ("fx" or "inductor") generates the code
     # what runs with less than was asked, and why: the graph uncompiled, a graph without
     # Inductor; failed or unavailable passes are in ``passes`` (see every_fallback)
     fallbacks: list[str] = field(default_factory=list)
@@ -188,6 +191,8 @@ class _GraphCompiler:
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
         self.device = _device_of(example_inputs)
+        chosen, self.record.codegen_reason = choose_codegen(self.options, self.device)
+        self.options = self.record.options = dataclasses.replace(self.options, codegen=chosen)
         self.record.dynamo_nodes = len(gm.graph.nodes)
         try:
             compiled = self._compile_stages(gm, example_inputs)

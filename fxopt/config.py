@@ -36,7 +36,7 @@ from fxopt.units import UNITS, format_bytes, parse_bytes
 __all__ = ["MODES", "MemoryBudget", "OptionError", "Options", "option_docs", "patch", "resolve"]
 
 PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer")
-CODEGENS = ("fx", "inductor")
+CODEGENS = ("auto", "fx", "inductor")
 
 # `torch.compile(mode=...)` presets. torch.compile refuses `mode` and `options` together,
 # so a mode is a named set of options. fxopt never uses CUDA graphs (its swap and offload
@@ -104,8 +104,9 @@ class Options:
     plan: str | None = field(default=None, metadata={
         "doc": "a plan JSON file (from `fxopt plan --save` or a debug_dir's "
                "*_swap_recompute.plan.json): replay its decisions instead of solving"})
-    codegen: str = field(default="fx", metadata={
-        "doc": "'fx' (fx Python calling aten ops and fxopt kernels) or 'inductor'"})
+    codegen: str = field(default="auto", metadata={
+        "doc": "'auto' (Inductor on CUDA, fx on the CPU; explain says which and why), "
+               "'fx' (fx Python calling aten ops and fxopt kernels) or 'inductor'"})
     strict: bool = field(default=False, metadata={
         "doc": "raise on a pass failure instead of warning and skipping that pass"})
     debug_dir: str | None = field(default=None, metadata={

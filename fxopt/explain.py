@@ -245,6 +245,7 @@ def _render(report: ExplainReport) -> list[str]:
         lines.append("")
         lines.append(f"{graph.name}: Dynamo graph of {graph.dynamo_nodes} nodes, "
                      f"compiled in {graph.compile_seconds:.2f}s")
+        lines.append(f"  code generation: {graph.options.codegen} ({graph.codegen_reason})")
         lines += [f"  FALLBACK: {f}" for f in graph.fallbacks]
         costs = [f"{kind} {c.flops / 1e6:,.1f} MFLOP, {c.bytes / 2**20:,.2f} MiB moved"
                  for kind, c in graph.cost.items() if c is not None]

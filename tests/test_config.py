@@ -51,7 +51,7 @@ def test_unknown_option_names_key_and_lists_valid_ones():
 @pytest.mark.parametrize("options, error, words", [
     ({"tempo": "yes please"}, TypeError, "'tempo' must be True, False or None"),
     ({"strict": None}, TypeError, "'strict' must be True or False"),
-    ({"codegen": "c++"}, ValueError, "'codegen' must be one of ('fx', 'inductor')"),
+    ({"codegen": "c++"}, ValueError, "'codegen' must be one of ('auto', 'fx', 'inductor')"),
     ({"debug_dir": 3}, TypeError, "'debug_dir' must be a path"),
     ({"rewrite_limit": {"tempo": -1}}, TypeError, "rewrite_limit"),
     ({"rewrite_limit": "tempo"}, ValueError, "pass=N"),
@@ -69,7 +69,7 @@ def test_options_must_be_a_mapping():
 
 def test_defaults_and_planner_follows_budget():
     options = config.resolve()
-    assert options.codegen == "fx" and options.strict is False and options.tempo is None
+    assert options.codegen == "auto" and options.strict is False and options.tempo is None
     assert options.planner_enabled is False
     assert config.resolve({"memory_budget": "1GiB"}).planner_enabled is True
     assert config.resolve({"memory_budget": "1GiB", "planner": False}).planner_enabled is False
@@ -89,7 +89,7 @@ def test_patch_as_context_manager_and_decorator():
         return config.resolve().codegen
 
     assert compiled_codegen() == "inductor"
-    assert config.resolve().codegen == "fx"
+    assert config.resolve().codegen == "auto"
 
 
 def test_patch_validates_eagerly():
