@@ -2,7 +2,7 @@
 autograd's, on GPT-2 and BERT (transformers, 2 layers, 64 wide, dropout 0.1, training
 mode) and a 3-block MLP (Linear-GELU-Linear-LayerNorm, batch 32).
 
-    PYTHONPATH=. python benchmarks/budget_reach.py [--budgets 0.9 0.7 0.5 0.3] [--models gpt2 bert mlp]
+    PYTHONPATH=. python benchmarks/budget_reach.py [--budgets 0.9 0.7 0.5 0.3] [--models gpt2 bert mlp] [--tempo]
 
 For each model and fraction ``f`` it compiles with ``memory_budget=f, strict=True``, runs
 one forward under saved-tensor hooks (:func:`fxopt.analysis.measure_saved_bytes`;
@@ -88,8 +88,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.9, 0.7, 0.5, 0.3])
     parser.add_argument("--models", nargs="+", default=["gpt2", "bert", "mlp"])
+    parser.add_argument("--tempo", action="store_true", help="tempo on as well")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}; fraction = measured saved bytes / eager's; "
+    print(f"torch {torch.__version__}{', tempo on' if args.tempo else ''}; fraction = measured saved bytes / eager's; "
           "grads = loss and every gradient bitwise equal to eager's")
     print(f"{'model':<6}{'budget':>7}{'kept':>8}{'floor':>8}  grads  note")
     for name in args.models:
@@ -97,7 +98,8 @@ def main() -> None:
         eager_loss, eager_grads, plain = step(model, kwargs, model)
         for budget in args.budgets:
             torch._dynamo.reset()
-            backend = fxopt.backend(memory_budget=budget, strict=True)
+            backend = fxopt.backend(memory_budget=budget, strict=True,
+                                    **({"tempo": True} if args.tempo else {}))
             compiled = torch.compile(model, backend=backend)
             try:
                 step(model, kwargs, compiled)  # compiles forward and backward

@@ -41,8 +41,20 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
+
 __all__ = ["FractionDecision", "RecomputeOption", "SavedBytesProblem", "replay_fraction",
-           "solve_fraction"]
+           "rng_state_bytes", "solve_fraction"]
+
+_GRAPHSAFE_RNG_STATE_BYTES = 16  # CUDA: a seed and an offset (int64 each)
+
+
+def rng_state_bytes(device: torch.device | str) -> int:
+    """Bytes the functionalized RNG saves per recomputed random op on ``device``: the CPU
+    generator's whole state, or CUDA's seed and offset."""
+    if torch.device(device).type == "cpu":
+        return torch.get_rng_state().numel()
+    return _GRAPHSAFE_RNG_STATE_BYTES
 
 
 @dataclass(frozen=True)

@@ -18,29 +18,23 @@ from __future__ import annotations
 import logging
 import warnings
 
-import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.planner import profile_for
-from fxopt.planner.fraction import FractionDecision, replay_fraction, solve_fraction
+from fxopt.planner.fraction import (
+    FractionDecision,
+    replay_fraction,
+    rng_state_bytes,
+    solve_fraction,
+)
 from fxopt.planner.joint import JointAnalysis, saved_bytes_problem
 from fxopt.planner.plan import Plan
 
-__all__ = ["fit_fraction", "rng_state_bytes"]
+__all__ = ["fit_fraction"]
 
 log = logging.getLogger(__name__)
-
-_GRAPHSAFE_RNG_STATE_BYTES = 16  # CUDA: a seed and an offset (int64 each)
-
-
-def rng_state_bytes(device: torch.device) -> int:
-    """Bytes the functionalized RNG saves per recomputed random op on ``device``."""
-    if device.type == "cpu":
-        return torch.get_rng_state().numel()
-    return _GRAPHSAFE_RNG_STATE_BYTES
-
 
 def fit_fraction(gm: fx.GraphModule, ctx: PassContext, analysis: JointAnalysis,
                  fraction: float, infeasible: type[Exception],
@@ -59,22 +53,9 @@ def fit_fraction(gm: fx.GraphModule, ctx: PassContext, analysis: JointAnalysis,
             raise ValueError(f"fxopt: the plan of graph {replay.graph or '?'} does not match "
                              f"this graph (no saved tensor {error}); plan it again") from error
     stats = _stats(fraction, decision)
-    plan = Plan(hardware=profile_for(ctx.device).to_dict(), budget_bytes=target,
-                actions=dict.fromkeys(decision.recompute, "recompute"),
-                predictions={"saved_bytes": decision.kept_bytes,
-                             "plain_saved_bytes": decision.plain_bytes,
-                             "floor_saved_bytes": decision.floor_bytes,
-                             "added_seconds": decision.added_seconds},
-                solver=stats["solver"], status="", planning_seconds=0.0,
-                feasible=decision.feasible, graph=ctx.graph_name,
-                extra={"fraction": fraction})
     if decision.recompute:
-        recomputed = set(decision.recompute)
-        plan.extra["tensors"] = [
-            {"tensor": o.name, "bytes": sum(problem.storage_bytes[s] for s in o.storages),
-             "action": "recompute" if o.name in recomputed else "keep",
-             "seconds": sum(problem.node_seconds.get(n, 0.0) for n in o.chain)
-             if o.name in recomputed else 0.0} for o in problem.options]
+        plan = Plan.from_fraction(decision, problem, profile_for(ctx.device), fraction)
+        plan.graph = ctx.graph_name
         stats["plan"] = plan.to_dict()
     if not decision.feasible:
         message = (f"fxopt: swap_recompute cannot keep {ctx.graph_name}'s saved bytes within "
