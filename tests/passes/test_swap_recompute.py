@@ -44,8 +44,11 @@ def test_gradients_equal_eager_under_budgets(build, shape, budget):
     assert stats["floor_fraction"] <= budget and stats["feasible"]
     assert comparison.fired("swap_recompute") and stats["recompute"] > 0
     assert stats["saved_bytes_after"] <= stats["target_saved_bytes"]
-    # the partitioned graphs really save what the plan predicts (simulated on them)
+    # the partitioned graphs really save what the plan predicts (simulated on them), and
+    # explain's column for the pass shows that simulation
     assert comparison.graphs[0].memory["fxopt"].activation_bytes <= stats["saved_bytes_after"]
+    assert record.memory_after.activation_bytes == \
+        comparison.graphs[0].memory["fxopt"].activation_bytes
 
 
 def test_dropout_is_recomputed_from_its_forwards_rng_state():
