@@ -37,23 +37,25 @@ class MLP(nn.Module):
         return x.square().mean()
 
 
-def build(name: str) -> tuple[nn.Module, dict]:
+def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4
+          ) -> tuple[nn.Module, dict]:
+    """The model (training mode) and its keyword inputs; transformers' at 2 layers."""
     import transformers
 
     torch.manual_seed(0)
     if name == "mlp":
-        return MLP(), {"x": torch.randn(32, 64)}
+        return MLP(hidden, 4 * hidden), {"x": torch.randn(8 * batch, hidden)}
     if name == "gpt2":
-        config = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=64, n_layer=2,
-                                         n_head=2, bos_token_id=96, eos_token_id=96)
+        config = transformers.GPT2Config(vocab_size=97, n_positions=2 * seq, n_embd=hidden,
+                                         n_layer=2, n_head=2, bos_token_id=96, eos_token_id=96)
         model = transformers.GPT2LMHeadModel(config)
     else:
-        config = transformers.BertConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, intermediate_size=256,
-                                         max_position_embeddings=64)
+        config = transformers.BertConfig(vocab_size=97, hidden_size=hidden, num_hidden_layers=2,
+                                         num_attention_heads=2, intermediate_size=4 * hidden,
+                                         max_position_embeddings=2 * seq)
         model = transformers.BertForMaskedLM(config)
     model.config._attn_implementation = "eager"
-    ids = torch.randint(0, 97, (4, 32), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 97, (batch, seq), generator=torch.Generator().manual_seed(0))
     return model.train(), {"input_ids": ids, "labels": ids}
 
 
