@@ -55,6 +55,7 @@ def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4
                                          max_position_embeddings=2 * seq)
         model = transformers.BertForMaskedLM(config)
     model.config._attn_implementation = "eager"
+    model.config.use_cache = False  # training; a cache would grow when a block recomputes
     ids = torch.randint(0, 97, (batch, seq), generator=torch.Generator().manual_seed(0))
     return model.train(), {"input_ids": ids, "labels": ids}
 
