@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator, Sequence
+from operator import getitem
 from typing import Any
 
 import torch
@@ -62,10 +63,30 @@ def aot_autograd(**kwargs: Any) -> Callable[..., Any]:
 
 def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
                       ) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Saves what plain autograd would save (no recomputation)."""
+    """Saves what plain autograd would save, except the nodes tagged ``MUST_RECOMPUTE``,
+    which the backward rebuilds. A tagged random op is replayed from its forward's RNG
+    state: torch's ``functionalize_rng_ops`` wraps it in ``run_and_save_rng_state`` in the
+    forward and ``run_with_rng_state`` in the backward, so its bits are the forward's."""
     from torch._functorch.partitioners import default_partition as _default
 
-    return _default(joint, joint_inputs, **kwargs)
+    forward, backward = _default(joint, joint_inputs, **kwargs)
+    for gm in (forward, backward):
+        _fill_rng_wrapper_values(gm)
+    return forward, backward
+
+
+def _fill_rng_wrapper_values(gm: fx.GraphModule) -> None:
+    """The RNG wrappers ``functionalize_rng_ops`` adds carry no ``meta["val"]``; their
+    getitem users do: the wrapper's value is the tuple of those."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    for node in gm.graph.nodes:
+        if node.target not in (run_and_save_rng_state, run_with_rng_state) \
+                or "val" in node.meta:
+            continue
+        items = {u.args[1]: u.meta.get("val") for u in node.users if u.target is getitem}
+        if items and len(items) == len(node.users) and None not in items.values():
+            node.meta["val"] = tuple(items.get(i) for i in range(max(items) + 1))
 
 
 def min_cut_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any

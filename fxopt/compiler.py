@@ -262,7 +262,21 @@ class _GraphCompiler:
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                       **kwargs)
         self._partitioned_backward = backward
+        self._joint_passes_after_partition(forward, backward)
         return forward, backward
+
+    def _joint_passes_after_partition(self, forward: fx.GraphModule,
+                                      backward: fx.GraphModule) -> None:
+        """A joint pass that changed the graph changed it through tags the partitioner
+        reads (recompute, swaps), which the joint graph's own simulation cannot see: its
+        "after" is the partitioned step's simulation, so explain's columns agree with the
+        plan's rows."""
+        changed = [r for r in self.record.passes if r.stage == Stage.JOINT.value
+                   and r.status == "changed"]
+        if changed:
+            after = _report_only(lambda fw: estimate_step_memory(fw, backward), forward)
+            for record in changed:
+                record.memory_after = after
 
     def _compile_forward(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         backward = self._partitioned_backward

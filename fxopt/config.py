@@ -93,8 +93,10 @@ class Options:
     offload_optimizer: bool | None = field(default=None, metadata={
         "doc": "Deep Optimizer States-style optimizer-state offload"})
     memory_budget: MemoryBudget | None = field(default=None, metadata={
-        "doc": "bytes (int), a string like '6GiB', or a fraction in (0, 1] of the "
-               "activation memory plain autograd would keep"})
+        "doc": "a fraction f in (0, 1] or 'N%': keep for backward at most f x the bytes "
+               "plain autograd keeps (saved-tensor hooks, parameters excluded; like "
+               "Inductor's activation_memory_budget); bytes (int, '6GiB'): a bound on the "
+               "step's predicted peak"})
     force_swap: bool = field(default=False, metadata={
         "doc": "swap_recompute: offer only swapping, on any device (exercises the swap "
                "runtime on a CPU, where swapping frees nothing)"})

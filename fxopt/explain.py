@@ -207,12 +207,18 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
     tensors = (plan.get("extra") or {}).get("tensors") if isinstance(plan, dict) else None
     if not tensors:
         return []
-    lines = [f"      predicted peak {_mib(stats['peak_before'])} -> "
-             f"{_mib(stats['peak_after'])} MiB (bound {_mib(stats['budget_bytes'])} MiB, "
-             f"{'fits' if stats['feasible'] else 'NOT reachable'}; {plan['solver']} "
-             f"({plan['status'] or 'done'}) in {plan['planning_seconds']:.3f} s; "
-             f"profile {plan['hardware']['name']})",
-             f"      {'saved tensor':<28}{'action':<11}{'KiB':>10}{'added ms':>11}"]
+    fits = "fits" if stats["feasible"] else "NOT reachable"
+    if "saved_bytes_after" in stats:  # a fraction budget: bytes kept for backward
+        head = (f"      predicted saved bytes {_mib(stats['plain_saved_bytes'])} -> "
+                f"{_mib(stats['saved_bytes_after'])} MiB (bound "
+                f"{_mib(stats['target_saved_bytes'])} MiB, floor {stats['floor_fraction']:.3f}"
+                f" = {_mib(stats['floor_bytes'])} MiB, {fits}; {plan['solver']})")
+    else:
+        head = (f"      predicted peak {_mib(stats['peak_before'])} -> "
+                f"{_mib(stats['peak_after'])} MiB (bound {_mib(stats['budget_bytes'])} MiB, "
+                f"{fits}; {plan['solver']} ({plan['status'] or 'done'}) in "
+                f"{plan['planning_seconds']:.3f} s; profile {plan['hardware']['name']})")
+    lines = [head, f"      {'saved tensor':<28}{'action':<11}{'KiB':>10}{'added ms':>11}"]
     changed = [t for t in tensors if t["action"] != "keep"]
     lines += [f"      {t['tensor']:<28}{t['action']:<11}{t['bytes'] / 1024:>10.1f}"
               f"{t['seconds'] * 1e3:>11.4f}" for t in changed]

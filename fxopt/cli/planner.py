@@ -78,7 +78,7 @@ def _plan(args: argparse.Namespace) -> int:
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
     from fxopt.planner.joint import activation_problem
-    from fxopt.planner.plan import plan_for_joint_graph
+    from fxopt.planner.plan import plan_for_joint_graph, saved_bytes_floor
     from fxopt.planner.symbolic import symbolic_step
     from fxopt.units import format_bytes
 
@@ -104,6 +104,10 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"\ng{index}: keep-all peak {format_bytes(analysis.estimate.peak_bytes)}, "
               f"activations {format_bytes(analysis.estimate.activation_bytes)}, predicted "
               f"step {1e3 * step:.3f} ms; {len(problem.activations)} saved tensors")
+        floor = saved_bytes_floor(joint.gm, joint.num_fwd_outputs, hardware)
+        print(f"floor of a fraction budget (everything recomputable recomputed): "
+              f"{floor.floor_fraction:.3f} of plain autograd's saved bytes "
+              f"({format_bytes(floor.floor_bytes)} of {format_bytes(floor.plain_bytes)})")
         frontier = pareto_frontier(problem, points=args.points, time_limit=args.time_limit,
                                    step_seconds=step)
         print(frontier.table())
@@ -116,10 +120,14 @@ def _plan(args: argparse.Namespace) -> int:
             options = argparse.Namespace(memory_budget=budget)
             plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs, options, hardware,
                                         time_limit=args.time_limit, name=f"g{index}")
-            print(f"budget {budget}: predicted peak "
-                  f"{format_bytes(int(plan.predictions['peak_bytes']))}, +"
+            if "saved_bytes" in plan.predictions:
+                reached = (f"predicted saved bytes "
+                           f"{format_bytes(int(plan.predictions['saved_bytes']))}")
+            else:
+                reached = f"predicted peak {format_bytes(int(plan.predictions['peak_bytes']))}"
+            print(f"budget {budget}: {reached}, +"
                   f"{1e3 * plan.predictions['added_seconds']:.3f} ms, {len(plan.actions)} "
-                  f"tensors not kept, {plan.solver} ({plan.status}) in "
+                  f"tensors not kept, {plan.solver} ({plan.status or 'done'}) in "
                   f"{plan.planning_seconds:.2f} s{'' if plan.feasible else ', OVER BUDGET'}")
             if args.save:
                 path = Path(args.save)

@@ -47,11 +47,17 @@ import torch.fx as fx
 from fxopt.analysis.cost import node_cost, return_aliases
 from fxopt.analysis.memory import MemoryEstimate, estimate_joint_memory
 from fxopt.analysis.shapes import nbytes, storage_nbytes
-from fxopt.planner.activations import ActivationChoice, ActivationProblem, SavedActivation
+from fxopt.planner.activations import (
+    ActivationChoice,
+    ActivationProblem,
+    SavedActivation,
+)
+from fxopt.planner.fraction import RecomputeOption, SavedBytesProblem
 from fxopt.planner.hardware import HardwareProfile
 
-__all__ = ["JointAnalysis", "activation_problem", "analyse_joint", "build_problem",
-           "group_chain", "is_random", "recompute_chain"]
+__all__ = ["RECOMPUTABLE_CUSTOM_OPS", "JointAnalysis", "activation_problem", "analyse_joint",
+           "build_problem", "group_chain", "is_random", "recomputable", "recompute_chain",
+           "saved_bytes_problem"]
 
 
 @dataclass
@@ -77,22 +83,39 @@ def is_random(node: fx.Node) -> bool:
     return torch.Tag.nondeterministic_seeded in tags
 
 
-def _recomputable(node: fx.Node) -> bool:
-    if node.op != "call_function" or is_random(node):
+# fxopt's own ops that run at the joint stage (tempo's and fuse_rnn's forwards): pure
+# functions of their inputs, so a recompute calls them again, like an aten op. Their
+# random one (tempo's softmax-dropout) is recomputed only where random ops are (below).
+# fuse_elementwise's fused kernels run after the partition and never meet a recompute.
+RECOMPUTABLE_CUSTOM_OPS = frozenset({
+    "fxopt::tempo_gelu", "fxopt::tempo_layer_norm", "fxopt::tempo_rms_norm",
+    "fxopt::tempo_softmax_dropout_matmul", "fxopt::lstm_cell", "fxopt::gru_cell"})
+
+
+def recomputable(node: fx.Node, *, random_ok: bool = False) -> bool:
+    """Whether a recompute may rebuild ``node`` by running it again: a functional aten op or
+    one of :data:`RECOMPUTABLE_CUSTOM_OPS`; a random one only with ``random_ok`` (the
+    partitioner then replays its forward's RNG state, see :mod:`fxopt.planner.fraction`)."""
+    if node.op != "call_function" or (is_random(node) and not random_ok):
         return False
     if node.target is operator.getitem:
-        return _recomputable(node.args[0]) if isinstance(node.args[0], fx.Node) else False
+        return (recomputable(node.args[0], random_ok=random_ok)
+                if isinstance(node.args[0], fx.Node) else False)
     schema = getattr(node.target, "_schema", None)
     if schema is None or schema.is_mutable:
         return False
-    return getattr(node.target, "namespace", "") == "aten"
+    return (getattr(node.target, "namespace", "") == "aten"
+            or schema.name in RECOMPUTABLE_CUSTOM_OPS)
 
 
-def recompute_chain(node: fx.Node, stop: set[fx.Node]) -> tuple[list[fx.Node], set[fx.Node]]:
+def recompute_chain(node: fx.Node, stop: set[fx.Node], *, random_ok: bool = False,
+                    frontier: bool = False) -> tuple[list[fx.Node], set[fx.Node]]:
     """Nodes that rebuild ``node``, walking back until placeholders or ``stop`` nodes.
 
-    Returns (chain, inputs it reads from ``stop``); raises ValueError when the walk meets a
-    node it may not recompute (random, mutating, not aten) that is not in ``stop``.
+    Returns (chain, inputs it reads from ``stop``). A node it may not recompute (random
+    unless ``random_ok``, mutating, not aten nor a recomputable fxopt op) that is not in
+    ``stop`` raises ValueError, or with ``frontier`` ends the walk there like a ``stop``
+    node (it is then among the inputs returned: the partitioner saves it).
     """
     chain: list[fx.Node] = []
     reads: set[fx.Node] = set()
@@ -108,7 +131,10 @@ def recompute_chain(node: fx.Node, stop: set[fx.Node]) -> tuple[list[fx.Node], s
         if n is not node and n in stop:
             reads.add(n)
             continue
-        if not _recomputable(n):
+        if not recomputable(n, random_ok=random_ok):
+            if frontier and n is not node:
+                reads.add(n)
+                continue
             raise ValueError(f"{n.name} ({n.target}) cannot be recomputed")
         chain.append(n)
         todo.extend(n.all_input_nodes)
@@ -178,15 +204,17 @@ def _first_backward_use(a: JointAnalysis, group: list[fx.Node]) -> int:
                if u in a.step_of and a.step_of[u] >= a.bw_start)
 
 
-def group_chain(a: JointAnalysis, name: str) -> tuple[list[fx.Node], set[fx.Node]]:
+def group_chain(a: JointAnalysis, name: str, *, random_ok: bool = False,
+                frontier: bool = False) -> tuple[list[fx.Node], set[fx.Node]]:
     """The recompute chain of a candidate (all its saved nodes) and the other saved
-    nodes it reads; ValueError when it cannot be recomputed."""
+    nodes it reads; ValueError when it cannot be recomputed (``recompute_chain``'s
+    ``random_ok`` and ``frontier``)."""
     group = a.candidates[name]
     stop = set(a.saved) - set(group)
     chain: dict[fx.Node, None] = {}
     reads: set[fx.Node] = set()
     for node in group:
-        nodes, read = recompute_chain(node, stop)
+        nodes, read = recompute_chain(node, stop, random_ok=random_ok, frontier=frontier)
         chain.update(dict.fromkeys(nodes))
         reads |= read
     order = {n: i for i, n in enumerate(group[0].graph.nodes)}
@@ -270,3 +298,47 @@ def activation_problem(gm: fx.GraphModule, num_fwd_outputs: int, profile: Hardwa
     budget = analysis.estimate.peak_bytes if budget_bytes is None else budget_bytes
     return analysis, build_problem(analysis, budget, profile,
                                    swap=profile.host_device_bandwidth is not None)
+
+
+def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
+                        rng_state_bytes: int) -> SavedBytesProblem:
+    """The fraction budget's problem (:mod:`fxopt.planner.fraction`): per saved tensor its
+    storage and, where it can be recomputed, its one-level chain and stops. ``random_ok``:
+    random ops may be recomputed (replaying their RNG state, ``rng_state_bytes`` kept per
+    random op)."""
+    sizes: dict[str, int] = {}
+
+    def key(node: fx.Node) -> str:
+        base = a.base[node]
+        sizes.setdefault(base.name, storage_nbytes(base.meta["val"]))
+        return base.name
+
+    saved = set(a.saved)
+    always = {key(n) for n in a.saved if n not in a.group_of and a.base[n].op != "placeholder"}
+    groups: list[tuple[list[str], set[fx.Node], set[str]]] = []  # names, chain, stops
+    seconds: dict[str, float] = {}
+    for name, group in a.candidates.items():
+        try:
+            chain, reads = group_chain(a, name, random_ok=random_ok, frontier=True)
+        except ValueError:
+            always.add(key(group[0]))
+            continue
+        stops = {key(r) for r in reads if r not in saved and a.base[r].op != "placeholder"}
+        for n in chain:
+            seconds[n.name] = a.step_seconds[a.step_of[n]] if n in a.step_of else 0.0
+            if is_random(n) and n.target is not operator.getitem:
+                sizes[f"rng:{n.name}"] = rng_state_bytes
+                stops.add(f"rng:{n.name}")
+        # tensors whose chains replay one RNG state (a dropout's output and mask) are
+        # recomputed together: one alone would keep the state and free little
+        rng = {s for s in stops if s.startswith("rng:")}
+        joined = ([name], set(chain), stops)
+        for other in [g for g in groups if rng & g[2]]:
+            groups.remove(other)
+            joined = (other[0] + joined[0], other[1] | joined[1], other[2] | joined[2])
+        groups.append(joined)
+    options = tuple(RecomputeOption(
+        "+".join(names), tuple(key(a.candidates[n][0]) for n in names),
+        tuple(sorted(n.name for n in chain)), tuple(sorted(stops)))
+        for names, chain, stops in groups)
+    return SavedBytesProblem(sizes, tuple(sorted(always)), options, seconds)

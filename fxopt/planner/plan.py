@@ -31,12 +31,18 @@ from torch import fx
 
 from fxopt.config import OptionError
 from fxopt.planner.activations import ACTIONS, ActivationProblem, Decision, evaluate
+from fxopt.planner.fraction import (
+    FractionDecision,
+    SavedBytesProblem,
+    rng_state_bytes,
+    solve_fraction,
+)
 from fxopt.planner.hardware import HardwareProfile
-from fxopt.planner.joint import activation_problem
+from fxopt.planner.joint import activation_problem, analyse_joint, saved_bytes_problem
 from fxopt.planner.milp import DEFAULT_TIME_LIMIT, solve_activations
 
 __all__ = ["PLAN_VERSION", "Plan", "budget_bytes_for", "graph_fingerprint",
-           "plan_for_joint_graph"]
+           "plan_for_joint_graph", "saved_bytes_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +84,25 @@ class Plan:
                    solver=decision.solver, status=str(decision.details.get("status", "")),
                    planning_seconds=float(decision.details.get("planning_seconds", 0.0)),
                    feasible=decision.feasible)
+
+    @classmethod
+    def from_fraction(cls, decision: FractionDecision, problem: SavedBytesProblem,
+                      hardware: HardwareProfile, fraction: float) -> Plan:
+        """A fraction budget's plan: the recomputed tensors, the saved bytes predicted
+        (plain, after, floor), one row per saved tensor that could be recomputed."""
+        recomputed = set(decision.recompute)
+        rows = [{"tensor": o.name, "bytes": sum(problem.storage_bytes[s] for s in o.storages),
+                 "action": "recompute" if o.name in recomputed else "keep",
+                 "seconds": sum(problem.node_seconds.get(n, 0.0) for n in o.chain)
+                 if o.name in recomputed else 0.0} for o in problem.options]
+        return cls(hardware=hardware.to_dict(), budget_bytes=decision.target_bytes,
+                   actions=dict.fromkeys(decision.recompute, "recompute"),
+                   predictions={"saved_bytes": decision.kept_bytes,
+                                "plain_saved_bytes": decision.plain_bytes,
+                                "floor_saved_bytes": decision.floor_bytes,
+                                "added_seconds": decision.added_seconds},
+                   solver=decision.solver, status="", planning_seconds=0.0,
+                   feasible=decision.feasible, extra={"fraction": fraction, "tensors": rows})
 
     def profile(self) -> HardwareProfile:
         return HardwareProfile.from_dict(self.hardware)
@@ -191,9 +216,14 @@ def plan_for_joint_graph(joint_gm: fx.GraphModule, num_fwd_outputs: int, options
     budget the plan keeps everything and only records the predictions.
     """
     began = time.perf_counter()
+    budget = getattr(options, "memory_budget", None)
+    if getattr(budget, "fraction", None) is not None:
+        plan = _fraction_plan(joint_gm, num_fwd_outputs, budget.fraction, hardware)
+        plan.graph = name
+        plan.planning_seconds = time.perf_counter() - began
+        return plan
     analysis, problem = activation_problem(joint_gm, num_fwd_outputs, hardware)
     memory = analysis.estimate
-    budget = getattr(options, "memory_budget", None)
     keep_all = max(problem.live_bytes, default=memory.baseline_bytes)
     budget_bytes = (None if budget is None
                     else budget_bytes_for(budget, keep_all, memory.activation_bytes))
@@ -213,3 +243,29 @@ def plan_for_joint_graph(joint_gm: fx.GraphModule, num_fwd_outputs: int, options
                     "predicted peak is %d bytes", budget, name or "?", plan.predictions[
                         "peak_bytes"])
     return plan
+
+
+def saved_bytes_floor(joint_gm: fx.GraphModule, num_fwd_outputs: int,
+                      hardware: HardwareProfile) -> FractionDecision:
+    """The floor of a fraction budget on ``joint_gm`` (everything recomputable recomputed;
+    fx code generation, so dropout too): ``floor_bytes`` of ``plain_bytes``."""
+    return _fraction_decision(joint_gm, num_fwd_outputs, 0.0, hardware)[0]
+
+
+def _fraction_decision(joint_gm: fx.GraphModule, num_fwd_outputs: int, fraction: float,
+                       hardware: HardwareProfile
+                       ) -> tuple[FractionDecision, SavedBytesProblem]:
+    analysis = analyse_joint(joint_gm, num_fwd_outputs, hardware)
+    problem = saved_bytes_problem(analysis, random_ok=True,
+                                  rng_state_bytes=rng_state_bytes(hardware.device_type))
+    return solve_fraction(problem, int(fraction * problem.plain_bytes)), problem
+
+
+def _fraction_plan(joint_gm: fx.GraphModule, num_fwd_outputs: int, fraction: float,
+                   hardware: HardwareProfile) -> Plan:
+    decision, problem = _fraction_decision(joint_gm, num_fwd_outputs, fraction, hardware)
+    if not decision.feasible:
+        log.warning("fxopt: memory_budget %g is below the floor of graph: %.3f of plain "
+                    "autograd's saved bytes (%d bytes)", fraction, decision.floor_fraction,
+                    decision.floor_bytes)
+    return Plan.from_fraction(decision, problem, hardware, fraction)

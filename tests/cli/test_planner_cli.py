@@ -29,6 +29,19 @@ def test_plan_prints_the_frontier_solves_a_budget_and_fits_a_batch(tmp_path, cap
         assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plan_reports_the_floor_and_plans_a_fraction_of_saved_bytes(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", TARGET, "--budget", "0.5", "--points", "2", "--save",
+                 str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    assert "floor of a fraction budget" in out and "of plain autograd's saved bytes" in out
+    assert "budget 0.5 of activation memory: predicted saved bytes" in out
+    assert "OVER BUDGET" not in out
+    plan = Plan.load(plan_path)
+    assert plan.feasible and plan.actions and plan.extra["fraction"] == 0.5
+    assert plan.predictions["saved_bytes"] <= 0.5 * plan.predictions["plain_saved_bytes"]
+
+
 @pytest.mark.parametrize("argv, error", [
     (["plan", f"{TARGET}:not_a_pair"], "must return (model, example_inputs)"),
     (["plan", f"{TARGET}:nope"], "has no function 'nope'"),

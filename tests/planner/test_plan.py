@@ -43,11 +43,11 @@ def test_gpu_profile_adds_swaps_whose_cost_is_the_unhidden_copy(joint):
 
 def test_plan_meets_a_budget_and_round_trips(joint, tmp_path):
     estimate = estimate_joint_memory(joint.gm, joint.num_fwd_outputs)
-    budget = parse_memory_budget(0.5)
+    expected = budget_bytes_for(0.5, estimate.peak_bytes, estimate.activation_bytes)
+    budget = parse_memory_budget(expected)  # bytes: a bound on the predicted peak
     plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs,
                                 SimpleNamespace(memory_budget=budget), profile_for("cpu"),
                                 name="g0")
-    expected = budget_bytes_for(budget, estimate.peak_bytes, estimate.activation_bytes)
     assert plan.budget_bytes == expected < estimate.peak_bytes
     assert plan.actions and set(plan.actions.values()) == {"recompute"}
     assert plan.predictions["keep_all_peak_bytes"] == estimate.peak_bytes
@@ -61,6 +61,18 @@ def test_plan_meets_a_budget_and_round_trips(joint, tmp_path):
     replayed = loaded.decider()(problem)
     assert replayed.actions == plan.actions and replayed.solver == "plan"
     assert replayed.peak_bytes == plan.predictions["peak_bytes"]
+
+
+def test_a_fraction_plans_saved_bytes_and_reports_its_floor(joint):
+    estimate = estimate_joint_memory(joint.gm, joint.num_fwd_outputs)
+    plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs,
+                                SimpleNamespace(memory_budget=parse_memory_budget(0.5)),
+                                profile_for("cpu"), name="g0")
+    plain = plan.predictions["plain_saved_bytes"]
+    assert plain == estimate.activation_bytes
+    assert plan.feasible and plan.predictions["saved_bytes"] <= 0.5 * plain
+    assert plan.predictions["floor_saved_bytes"] <= plan.predictions["saved_bytes"]
+    assert set(plan.actions.values()) == {"recompute"} and plan.extra["fraction"] == 0.5
 
 
 def test_without_a_budget_everything_is_kept(joint):

@@ -13,17 +13,19 @@ At the JOINT stage (AOTAutograd's joint forward+backward graph, before the parti
 3. :mod:`.apply` rewrites the joint graph (recompute tags, swap ops); the partitioner then
    saves what the decision keeps, and the compiler places the prefetches in the backward.
 
-The budget (``memory_budget``) bounds the predicted peak of one step: parameters, inputs,
-gradients, activations and temporaries as :mod:`fxopt.analysis.memory` simulates them
-(optimizer state lives outside the compiled step and is not in the graph). Bytes are a
-bound on that peak; a fraction ``f`` of activation memory means the peak with everything
-kept minus ``(1 - f)`` times the bytes plain autograd saves. A step that already fits is
-left unchanged (``stats["fits"]``); one that cannot fit raises under ``strict`` naming the
-lowest peak the decider reaches, and otherwise warns with that figure and applies that
-plan. A replayed plan (``plan``) is the user's choice: it is applied as saved, on the graph
-its fingerprint names (another graph is refused). On a CPU device swapping frees nothing,
-so only recompute is offered unless ``force_swap`` is set, which offers only swapping (the
-swap path's tests).
+A fraction budget ``f`` bounds the bytes kept for backward (``f`` x plain autograd's, per
+graph) and is decided by :mod:`.fraction` (chains of any depth, dropout replayed from its
+RNG state, the floor reported). A byte budget bounds the predicted peak of one step:
+parameters, inputs, gradients, activations and temporaries as :mod:`fxopt.analysis.memory`
+simulates them (optimizer state lives outside the compiled step and is not in the graph);
+the steps above decide it. A step that already fits is left unchanged
+(``stats["fits"]``); one that cannot fit raises under ``strict`` naming the lowest peak
+the decider reaches, and otherwise warns with that figure and applies that plan. A
+replayed plan (``plan``) is the user's choice: it is applied as saved, on the graph its
+fingerprint names (another graph is refused). On a CPU
+device swapping frees nothing, so only recompute is offered unless ``force_swap`` is set,
+which offers only swapping (the swap path's tests; a fraction then goes through the peak
+path too).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
 from fxopt.passes.swap_recompute.delta import decide_delta
+from fxopt.passes.swap_recompute.fraction import fit_fraction
 from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activations
 from fxopt.planner.greedy import solve_greedy
 from fxopt.planner.joint import analyse_joint, build_problem
@@ -78,7 +81,19 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     profile = profile_for(ctx.device)
     force_swap = ctx.options.force_swap
     analysis = analyse_joint(gm, ctx.facts["num_fwd_outputs"], profile)
+    if saved_plan is not None and "fraction" in saved_plan.extra:
+        return fit_fraction(gm, ctx, analysis, saved_plan.extra["fraction"], InfeasibleBudget,
+                            replay=saved_plan)
+    if budget is not None and budget.fraction is not None and saved_plan is None \
+            and not force_swap:
+        return fit_fraction(gm, ctx, analysis, budget.fraction, InfeasibleBudget)
     estimate = analysis.estimate
+    if budget is not None and budget.bytes is not None \
+            and budget.bytes < estimate.baseline_bytes:
+        warnings.warn(f"fxopt: memory_budget {budget.bytes} bytes is below {ctx.graph_name}'s "
+                      f"parameters and inputs ({estimate.baseline_bytes} bytes): did you mean "
+                      f"a fraction? (e.g. 0.5 keeps half of plain autograd's saved bytes)",
+                      stacklevel=2)
     if budget is not None:
         bound = budget_bytes_for(budget, estimate.peak_bytes, estimate.activation_bytes)
     else:
