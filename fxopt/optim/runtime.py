@@ -436,6 +436,24 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             handle.remove()
         self._hooks = []
 
+    def state_tensors(self, placement: str) -> list[torch.Tensor]:
+        """The live tensors the subgroups updated on ``placement`` ("cpu" or "gpu") hold,
+        for memory accounting: their optimizer state and, on the host, the fp32 masters,
+        their gradients and the staging buffers. No copies (unlike ``state_dict()``)."""
+        if placement not in ("cpu", "gpu"):
+            raise ValueError(f"fxopt.optim: placement is 'cpu' or 'gpu', not {placement!r}")
+        tensors: list[torch.Tensor] = []
+        for sg in self._subgroups:
+            if sg.placement != placement:
+                continue
+            for state in sg.optimizer.state.values():
+                tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+            for hp in sg.host:
+                tensors += [hp.master, hp.staging]
+                if hp.master.grad is not None:
+                    tensors.append(hp.master.grad)
+        return tensors
+
     def placements(self) -> list[str]:
         """Where each parameter updates ("cpu" or "gpu"), in ``state_dict`` order."""
         where = self.plan.placement_of()

@@ -15,9 +15,10 @@ Warm-up steps (default 1) run first, unrecorded: compilation, lazy optimizer sta
 allocator's first growth are not part of the steady-state step being profiled.
 
 An optimizer wrapped by `fxopt.optim.offload` keeps its state in per-subgroup optimizers,
-not in its own ``state``: its ``state_dict()`` (live tensors, plain optimizer format) and
-``placements()`` say which state belongs to a subgroup updated on the device
-(``optimizer_state``) and which to one updated on the host (``optimizer_state_host``). On
+not in its own ``state``: its ``state_tensors(placement)`` gives the live tensors of the
+subgroups updated on the device (``optimizer_state``) and of those updated on the host
+(``optimizer_state_host``: their state, fp32 master weights, their gradients and the staging
+buffers). On
 the CPU both are in the recorded memory; on CUDA the host part is not device memory, so it
 is reported beside the device total (``MemoryProfile.host_bytes``), not in it.
 """
@@ -201,11 +202,8 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer | None, *, host: bool = 
     if optimizer is None:
         return []
     if isinstance(optimizer, OffloadedOptimizer):
-        where = optimizer.placements()
-        states = [state for i, state in optimizer.state_dict()["state"].items()
-                  if (where[i] == "cpu") == host]
-    else:
-        states = [] if host else list(optimizer.state.values())
+        return optimizer.state_tensors("cpu" if host else "gpu")
+    states = [] if host else list(optimizer.state.values())
     return [t for state in states for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
 
 
