@@ -23,6 +23,8 @@ def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
     """The code generator for a graph on ``device`` and why, in words for explain."""
     if options.codegen != "auto":
         return options.codegen, "set by the codegen option"
+    if options.inductor_max_autotune:
+        return "inductor", "auto: inductor_max_autotune asks for Inductor's tuned kernels"
     if options.fuse_elementwise is True:
         return "fx", ("auto: fuse_elementwise=True asks for fxopt's fused kernels, which "
                       "run under fx code generation (Inductor fuses on its own)")

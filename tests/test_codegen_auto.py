@@ -17,6 +17,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
     ({}, CPU, "fx"),
     ({}, CUDA, "inductor"),
     ({"fuse_elementwise": True}, CUDA, "fx"),
+    ({"inductor_max_autotune": True}, CPU, "inductor"),  # asking for tuning asks for Inductor
     ({"codegen": "inductor"}, CPU, "inductor"),
     ({"codegen": "fx"}, CUDA, "fx"),
 ])

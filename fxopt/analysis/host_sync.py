@@ -81,7 +81,13 @@ _WRAPPED_METHODS = ("item", "__bool__", "tolist", "nonzero")
 class HostSyncRecorder(TorchDispatchMode):
     """Records every host-synchronising call while active: ``with HostSyncRecorder() as r:``
     then ``r.calls``. ``device`` limits it to calls reading tensors on that device type
-    (on a GPU run, "cuda": a CPU scalar's ``.item()`` waits for nothing)."""
+    (on a GPU run, "cuda": a CPU scalar's ``.item()`` waits for nothing).
+
+    Higher-order operators (the RNG-state replay of a recomputed dropout,
+    ``run_and_save_rng_state`` / ``run_with_rng_state``) pass through whole: their bodies
+    are the random op they wrap, which reads nothing back to the host."""
+
+    supports_higher_order_operators = True
 
     def __init__(self, device: str | None = None) -> None:
         super().__init__()

@@ -15,7 +15,8 @@ from conftest import compile_and_step
 from debug_passes import SPLIT_ADDMM, true_diff
 
 from fxopt.__main__ import main
-from fxopt.debug.snapshot import format_bytes, target_name
+from fxopt.debug.snapshot import target_name
+from fxopt.units import format_bytes
 
 CHROMIUM = "/usr/bin/chromium"
 

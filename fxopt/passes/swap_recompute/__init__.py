@@ -81,6 +81,8 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     profile = profile_for(ctx.device)
     force_swap = ctx.options.force_swap
     analysis = analyse_joint(gm, ctx.facts["num_fwd_outputs"], profile)
+    if saved_plan is not None:
+        saved_plan.check_graph(gm)
     if saved_plan is not None and "fraction" in saved_plan.extra:
         return fit_fraction(gm, ctx, analysis, saved_plan.extra["fraction"], InfeasibleBudget,
                             replay=saved_plan)
@@ -102,8 +104,6 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     problem = build_problem(analysis, bound, profile,
                             recompute=not force_swap, swap=ctx.is_cuda or force_swap,
                             blocking_offload=ctx.options.codegen == "inductor")
-    if saved_plan is not None:
-        saved_plan.check_graph(gm)
     decision = _decide(choose_decider(ctx, saved_plan), problem, ctx)
     stats = _stats(budget, estimate, problem, decision)
     if decision.actions:  # the plan in the report and the debug dump, loadable by `plan`

@@ -10,7 +10,9 @@ random numbers its own way unless ``fallback_random``), so their outputs are kep
 
 Below the floor (everything recomputable recomputed) the floor's plan is applied with one
 warning naming the floor as a fraction and in bytes, or ``InfeasibleBudget`` under
-``strict``.
+``strict``. A replayed plan is the user's explicit choice: it is applied as saved, neither
+warned about nor refused for missing its budget (the pass has checked that it was made for
+this graph).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from fxopt.planner.fraction import (
     solve_fraction,
 )
 from fxopt.planner.joint import JointAnalysis, saved_bytes_problem
-from fxopt.planner.plan import Plan
+from fxopt.planner.plan import Plan, graph_fingerprint
 
 __all__ = ["fit_fraction"]
 
@@ -56,8 +58,9 @@ def fit_fraction(gm: fx.GraphModule, ctx: PassContext, analysis: JointAnalysis,
     if decision.recompute:
         plan = Plan.from_fraction(decision, problem, profile_for(ctx.device), fraction)
         plan.graph = ctx.graph_name
+        plan.fingerprint = graph_fingerprint(gm)
         stats["plan"] = plan.to_dict()
-    if not decision.feasible:
+    if not decision.feasible and replay is None:  # a replayed plan is the user's choice
         message = (f"fxopt: swap_recompute cannot keep {ctx.graph_name}'s saved bytes within "
                    f"memory_budget {fraction:g} of plain autograd's ({decision.plain_bytes} "
                    f"bytes): the floor, with everything recomputable recomputed, is "
