@@ -26,11 +26,15 @@ def path(request, monkeypatch):
     if request.param == "reference":
         monkeypatch.setattr(rnn, "_use_triton", lambda *tensors: False)
     called = []
+
+    def counting(name, original):
+        def counted(*args):
+            called.append(name)
+            return original(*args)
+        return counted
+
     for name in _REFERENCES:
-        def counted(*args, _name=name, _original=getattr(rnn, name)):
-            called.append(_name)
-            return _original(*args)
-        monkeypatch.setattr(rnn, name, counted)
+        monkeypatch.setattr(rnn, name, counting(name, getattr(rnn, name)))
     yield request.param
     assert bool(called) == (request.param == "reference"), (
         f"meant to test the {request.param} path; torch reference calls: {called}")
