@@ -3,8 +3,9 @@
 :func:`assert_same_as_eager` runs a model (or function) eagerly and compiled with fxopt on
 identical copies, from the same RNG state, and compares outputs, then every gradient
 (inputs, parameters) and the buffers a step mutates: shapes and dtypes first, then values
-with the tolerance of the dtype (:data:`TOLERANCES`). It returns the compilation records so
-a test can also assert that its pass fired.
+with the tolerance of the dtype (:data:`TOLERANCES`). Non-tensor outputs must be equal;
+objects pytree does not open (a model's cache) are compared attribute by attribute. It
+returns the compilation records so a test can also assert that its pass fired.
 """
 
 from __future__ import annotations
@@ -75,9 +76,14 @@ def _assert_close(actual: Any, expected: Any, what: str,
                   tolerances: Mapping[torch.dtype, tuple[float, float]]) -> None:
     if not isinstance(expected, torch.Tensor):
         assert type(actual) is type(expected), f"{what}: {type(actual)} != {type(expected)}"
-        if isinstance(expected, (bool, int, float, str, type(None))):
+        if hasattr(expected, "__dict__") and not isinstance(expected, type):
+            # an object pytree does not open (e.g. a model's key-value cache): its
+            # attributes, tensors with the dtype's tolerance
+            _compare_tree(vars(actual), vars(expected), f"{what} ({type(expected).__name__})",
+                          tolerances)
+        else:
             assert actual == expected, f"{what}: {actual!r} != {expected!r}"
-        return  # other objects (e.g. a model's cache) are compared by type only
+        return
     assert isinstance(actual, torch.Tensor), f"{what}: expected a tensor, got {type(actual)}"
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"

@@ -1,4 +1,5 @@
-"""Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM."""
+"""Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM, and a
+wrapper that runs a model under bf16 autocast."""
 
 import math
 
@@ -69,3 +70,16 @@ def deep_mlp() -> nn.Module:
     torch.manual_seed(0)
     layers = [m for _ in range(4) for m in (nn.Linear(48, 48), nn.GELU())]
     return nn.Sequential(*layers, nn.Linear(48, 5))
+
+
+class BF16Autocast(nn.Module):
+    """``inner`` run under CPU bf16 autocast, as a module: a comparison with eager deep-copies
+    it, so each side trains its own parameters and their gradients are compared."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.inner(*args)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from models import MLP, Block, ConvNet, LSTMModel
 from torch import nn
+from torch._dynamo.exc import BackendCompilerFailed
 
 import fxopt
 from fxopt.testing import assert_same_as_eager
@@ -144,8 +145,9 @@ def test_string_backend_and_options_reach_fxopt(tmp_path):
 
 def test_bad_option_through_torch_compile_raises_clearly():
     compiled = torch.compile(MLP(), backend="fxopt", options={"memory_budget": "6 gigs"})
-    with pytest.raises(Exception) as info:
+    with pytest.raises(BackendCompilerFailed) as info:  # Dynamo wraps the backend's error
         compiled(torch.randn(2, 13))
+    assert isinstance(info.value.inner_exception, ValueError)
     assert "cannot read memory_budget '6 gigs'" in str(info.value)
 
 
@@ -158,7 +160,7 @@ def test_failure_outside_the_passes_falls_back_to_eager(monkeypatch):
         comparison = assert_same_as_eager(MLP(), (torch.randn(3, 13),))
     assert "AOTAutograd cannot trace this" in comparison.graphs[0].fallback
     compiled = torch.compile(MLP(), backend=fxopt.backend(strict=True))
-    with pytest.raises(Exception, match="AOTAutograd cannot trace this"):
+    with pytest.raises(BackendCompilerFailed, match="AOTAutograd cannot trace this"):
         compiled(torch.randn(3, 13))
 
 

@@ -129,5 +129,5 @@ def test_backend_object_validates_at_once():
 
 def test_option_docs_cover_every_option():
     docs = config.option_docs()
-    assert set(docs) == {f for f in config.Options.__dataclass_fields__}
+    assert set(docs) == set(config.Options.__dataclass_fields__)
     assert all(docs.values())

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.fx as fx
 from models import MLP
+from torch._dynamo.exc import BackendCompilerFailed
 
 import fxopt
 from fxopt import config
@@ -106,7 +107,7 @@ def test_invalid_graph_from_a_pass_counts_as_failure():
 def test_strict_raises_naming_the_pass():
     with extra_passes(spec(always_fails, Stage.FORWARD)):
         compiled = torch.compile(MLP(), backend=fxopt.backend(strict=True))
-        with pytest.raises(Exception) as info:
+        with pytest.raises(BackendCompilerFailed) as info:
             compiled(torch.randn(3, 13))
     chain, error = [], info.value
     while error is not None:  # Dynamo wraps backend errors (BackendCompilerFailed)

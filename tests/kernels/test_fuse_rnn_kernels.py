@@ -1,17 +1,43 @@
 """The fused LSTM/GRU cell ops against autograd on plain torch math.
 
-Under ``TRITON_INTERPRET=1`` the ops run their Triton kernels, otherwise the torch
-reference: the same tests check both. Odd sizes (batch 3, hidden 37), a gate order other
-than PyTorch's, biases on one side only, and rows with a stride (a time step of a
-batch-first projection).
+Every test runs twice, through the Triton kernels (skipped where Triton cannot run on the
+CPU, i.e. without ``TRITON_INTERPRET=1``) and through the torch reference (forced), and
+checks that the path it meant to test is the one that ran. Odd sizes (batch 3, hidden 37),
+a gate order other than PyTorch's, biases on one side only, and rows with a stride (a time
+step of a batch-first projection).
 """
 
 import pytest
 import torch
 
-from fxopt.kernels import rnn
+from fxopt.kernels import rnn, triton_runs_on
 
 B, H = 3, 37
+_REFERENCES = ("lstm_forward_reference", "lstm_backward_reference", "gru_forward_reference",
+               "gru_backward_reference")
+
+
+@pytest.fixture(autouse=True, params=["triton", "reference"])
+def path(request, monkeypatch):
+    """Runs the test through one path; afterwards, asserts that path ran: the reference
+    functions are called exactly when the reference path is tested."""
+    if request.param == "triton" and not triton_runs_on("cpu"):
+        pytest.skip("Triton kernels run on the CPU only with TRITON_INTERPRET=1")
+    if request.param == "reference":
+        monkeypatch.setattr(rnn, "_use_triton", lambda *tensors: False)
+    called = []
+
+    def counting(name, original):
+        def counted(*args):
+            called.append(name)
+            return original(*args)
+        return counted
+
+    for name in _REFERENCES:
+        monkeypatch.setattr(rnn, name, counting(name, getattr(rnn, name)))
+    yield request.param
+    assert bool(called) == (request.param == "reference"), (
+        f"meant to test the {request.param} path; torch reference calls: {called}")
 
 
 def _leaves(*shapes, dtype=torch.float32):

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.skipif(not triton_runs_on("cpu"),
 settings.register_profile("fxopt-fusion", max_examples=5, derandomize=True, deadline=None,
                           database=None)
 
-# total functions only (no nan from the random values), so eager and fused compare exactly
+# Total functions only (no nan from the random values), so every case compares, at each
+# dtype's default tolerance (fxopt.testing.TOLERANCES): the fused kernel computes each op in
+# fp32 and rounds to the op's dtype as eager does; only its exp/tanh/erf may differ from
+# ATen's in the last fp32 bits, which moves a bf16 or fp16 rounding by at most one ulp.
 UNARY = [torch.sigmoid, torch.tanh, torch.relu, F.gelu, F.silu, lambda x: x * 0.5 + 1,
          lambda x: x.clamp(-0.5, 0.5), lambda x: torch.exp(-x * x), lambda x: x.float()]
 BINARY = [torch.add, torch.mul, torch.sub, torch.maximum,
@@ -62,6 +65,5 @@ def test_random_pointwise_dags_match_eager(dag):
     torch._dynamo.reset()
     args = [torch.randn(shape).to(dtype).requires_grad_() for shape, dtype in inputs]
     comparison = assert_same_as_eager(build(steps, extra), args, {"fuse_elementwise": True,
-                                                                    "strict": True},
-                                      tolerances={torch.bfloat16: (5e-2, 3e-2)})
+                                                                    "strict": True})
     assert comparison.fired("fuse_elementwise")
