@@ -22,6 +22,7 @@ fp32/bf16/fp16 kernels is 128 bits wide. Exits 1 on a compile error, a spill, mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import importlib.util
 import os
@@ -163,6 +164,9 @@ def main() -> None:
     specs = aot.handwritten_specs()
     specs += [aot.pointwise_spec(p, layout, label)
               for label, (p, layout, _) in corpus_by_label.items()]
+    # the int64-offset variant (more than 2**31 elements) of the strided layouts
+    specs += [aot.pointwise_spec(p, dataclasses.replace(layout, wide=True), f"{label} int64")
+              for label, (p, layout, _) in corpus_by_label.items() if layout.any_strided]
     collected = time.perf_counter() - start
     reports = aot.compile_specs(specs)
     print(f"# {len(specs)} kernels ({len(corpus)} generated) x {len(aot.ARCHS)} archs; corpus "
