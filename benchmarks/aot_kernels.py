@@ -165,8 +165,8 @@ def main() -> None:
     corpus_by_label = {f"pw{i} {entry[2]}": entry for i, entry in enumerate(corpus)}
     specs = aot.handwritten_specs()
     # every autotuner choice of each generated kernel, and of its int64-offset variant
-    # (more than 2**31 elements: every choice of a strided layout, the choice with the most
-    # elements per thread of a linear one)
+    # (more than 2**31 elements: every choice of a strided layout, the one with the most
+    # elements per thread of a linear layout)
     for label, (p, layout, _) in list(corpus_by_label.items()):
         specs += [aot.pointwise_spec(p, layout, label, c) for c in autotune_configs(layout)]
         wide = dataclasses.replace(layout, wide=True)

@@ -180,13 +180,15 @@ def cached_kernels() -> int:
 
 def autotune_configs(layout: Layout) -> tuple[tuple[int, int], ...]:
     """(BLOCK, num_warps) choices the GPU autotunes among. At least 8 elements per thread,
-    so that bf16/fp16 operands move in 128-bit accesses; index arithmetic with int64
-    offsets (a strided operand of a > 2**31-element region) costs so many registers that
-    those layouts stay at 4 (sm_90, a 4-D bf16 region: 112 registers at 4 elements per
-    thread, 254 at 8, 2996 bytes of spills at 16; fxopt.kernels.aot measures them)."""
+    so that bf16/fp16 operands move in 128-bit accesses, and at most 8 where offsets are
+    computed (strided operands) or int64 (a > 2**31-element region). Index arithmetic
+    with int64 offsets costs so many registers that those layouts stay at 4 (sm_90, a 4-D
+    bf16 region: 112 registers at 4 elements per thread, 254 at 8, 2996 bytes of spills at
+    16; a linear fp32 sin/cos region with int64 offsets spills 8 bytes at 16; measured by
+    fxopt.kernels.aot, benchmarks/aot_kernels.py)."""
     if layout.wide and layout.any_strided:
         return (512, 4), (1024, 8)
-    if layout.any_strided:
+    if layout.wide or layout.any_strided:
         return (512, 2), (1024, 4), (2048, 8)
     return (512, 2), (1024, 4), (2048, 8), (4096, 8)
 
