@@ -22,6 +22,7 @@ fp32/bf16/fp16 kernels is 128 bits wide. Exits 1 on a compile error, a spill, mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import importlib.util
 import os
@@ -38,6 +39,7 @@ sys.path[:0] = [_ROOT]
 import fxopt
 from fxopt.kernels import aot
 from fxopt.kernels.pointwise import codegen
+from fxopt.kernels.pointwise.codegen import autotune_configs
 
 _VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -119,13 +121,14 @@ def _dtypes(program) -> str:
 
 
 def traffic_table(reports, corpus_by_label) -> tuple[str, list[str]]:
-    header = (f"{'kernel':<34} {'arch':>5} {'dtypes':<30} {'layout':<9} {'B/elem':>7} "
+    header = (f"{'kernel':<46} {'arch':>5} {'dtypes':<30} {'layout':<9} {'B/elem':>7} "
               f"{'min':>5} {'bcast':>5} {'ratio':>6} {'all 128-bit':>11}")
     lines, failures = [header, "-" * len(header)], []
     for r in reports:
-        if r.label not in corpus_by_label or r.error:
+        region = r.label.rsplit(" [", 1)[0]  # less the [BLOCK/warps] suffix
+        if region not in corpus_by_label or r.error:
             continue
-        program, layout, _ = corpus_by_label[r.label]
+        program, layout, _ = corpus_by_label[region]
         broadcast = sum(d.itemsize for d, s in zip(program.inputs, layout.strided_inputs) if s)
         bound = r.min_bytes_per_element + broadcast
         ratio = r.bytes_per_element / bound
@@ -133,7 +136,7 @@ def traffic_table(reports, corpus_by_label) -> tuple[str, list[str]]:
             d in _VECTOR_DTYPES for d in (*program.inputs, *program.output_dtypes))
         wide = r.operand_widths == [128]
         vector = ("yes" if wide else "NO") if contiguous else "n/a"
-        lines.append(f"{r.label:<34} {'sm_' + str(r.arch):>5} {_dtypes(program):<30} "
+        lines.append(f"{r.label:<46} {'sm_' + str(r.arch):>5} {_dtypes(program):<30} "
                      f"{'strided' if layout.any_strided else 'linear':<9} "
                      f"{r.bytes_per_element:>7.2f} {r.min_bytes_per_element:>5.0f} "
                      f"{broadcast:>5} {ratio:>6.2f} {vector:>11}")
@@ -161,8 +164,15 @@ def main() -> None:
     corpus = collect_corpus(args.workloads, args.random_regions, args.seed)
     corpus_by_label = {f"pw{i} {entry[2]}": entry for i, entry in enumerate(corpus)}
     specs = aot.handwritten_specs()
-    specs += [aot.pointwise_spec(p, layout, label)
-              for label, (p, layout, _) in corpus_by_label.items()]
+    # every autotuner choice of each generated kernel, and of its int64-offset variant
+    # (more than 2**31 elements: every choice of a strided layout, the one with the most
+    # elements per thread of a linear layout)
+    for label, (p, layout, _) in list(corpus_by_label.items()):
+        specs += [aot.pointwise_spec(p, layout, label, c) for c in autotune_configs(layout)]
+        wide = dataclasses.replace(layout, wide=True)
+        corpus_by_label[f"{label} int64"] = (p, wide, "")
+        configs = autotune_configs(wide) if layout.any_strided else (None,)
+        specs += [aot.pointwise_spec(p, wide, f"{label} int64", c) for c in configs]
     collected = time.perf_counter() - start
     reports = aot.compile_specs(specs)
     print(f"# {len(specs)} kernels ({len(corpus)} generated) x {len(aot.ARCHS)} archs; corpus "

@@ -154,7 +154,8 @@ def check_host_sync(device: torch.device) -> dict[str, Any]:
     default_loss(compiled(**inputs)).backward()
     with HostSyncRecorder(device.type) as recorder:
         default_loss(compiled(**inputs)).backward()
-    fxopt_calls = [str(c) for c in recorder.calls if "/fxopt/" in c.where]
+    # the model's own code makes none (tests/analysis/test_host_sync.py): every call counts
+    fxopt_calls = [str(c) for c in recorder.calls]
     static = [str(s) for g in backend.graphs for kind in ("forward", "backward")
               if kind in g.graphs for s in graph_syncs(g.graphs[kind])]
     if fxopt_calls or static:

@@ -31,7 +31,12 @@ from typing import Any
 
 import torch
 
-from fxopt.kernels.pointwise.codegen import Layout, Program, kernel_source
+from fxopt.kernels.pointwise.codegen import (
+    Layout,
+    Program,
+    autotune_configs,
+    kernel_source,
+)
 
 __all__ = [
     "ARCHS",
@@ -53,7 +58,6 @@ _TRITON_TYPE = {
     torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_POINTWISE_BLOCK, _POINTWISE_WARPS = 1024, 4  # one of the GPU autotuner's configs
 
 
 @dataclass(frozen=True)
@@ -176,8 +180,10 @@ def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 102
     return specs
 
 
-def pointwise_spec(program: Program, layout: Layout, label: str) -> KernelSpec:
-    """The generated kernel of ``program`` for ``layout``, at one of the autotuner's blocks.
+def pointwise_spec(program: Program, layout: Layout, label: str,
+                   config: tuple[int, int] | None = None) -> KernelSpec:
+    """The generated kernel of ``program`` for ``layout`` at one of the autotuner's
+    (BLOCK, num_warps) choices (default: the most elements per thread, the most registers).
     Its minimum traffic counts each output written once and each linearly addressed input
     read once (a broadcast input's reads, mostly served by the cache, are not counted)."""
     name = "fxopt_aot_pointwise"
@@ -195,9 +201,11 @@ def pointwise_spec(program: Program, layout: Layout, label: str) -> KernelSpec:
     linear = [d for d, s in zip(program.inputs, layout.strided_inputs) if not s]
     linear += list(program.output_dtypes)
     pointers = tuple(n for n in signature if signature[n].startswith("*"))
-    return KernelSpec(label, signature, {"BLOCK": _POINTWISE_BLOCK}, (*pointers, "numel"),
-                      _POINTWISE_BLOCK, source=kernel_source(program, layout, name),
-                      attr=name, num_warps=_POINTWISE_WARPS,
+    block, warps = config or max(autotune_configs(layout), key=lambda c: c[0] / c[1])
+    return KernelSpec(f"{label} [{block}/{warps}w]", signature, {"BLOCK": block},
+                      (*pointers, "numel"), block,
+                      source=kernel_source(program, layout, name), attr=name,
+                      num_warps=warps,
                       min_bytes_per_element=float(sum(d.itemsize for d in linear)))
 
 

@@ -44,8 +44,9 @@ def test_training_step_with_every_pass_never_waits_for_the_host(name):
     static = [s for g in backend.graphs for kind in ("forward", "backward")
               if kind in g.graphs for s in graph_syncs(g.graphs[kind])]
     assert static == []
-    fxopt_calls = [c for c in recorder.calls if "/fxopt/" in c.where]
-    assert fxopt_calls == [], "\n".join(map(str, fxopt_calls))
+    # every call counts: the models' own code makes none either, so one here is fxopt's
+    # (its Python, or a compiled graph's code)
+    assert recorder.calls == [], "\n".join(map(str, recorder.calls))
 
 
 def test_recorder_and_static_check_see_each_kind_of_sync():

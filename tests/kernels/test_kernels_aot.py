@@ -36,8 +36,11 @@ def test_representative_kernels_compile_without_spills_and_vectorize():
                         wide=False)
     broadcast = Layout(ndim=2, strided_inputs=(False, True, False), strided_outputs=(False,),
                        wide=False)
+    wide = Layout(ndim=2, strided_inputs=(False, True, False), strided_outputs=(False,),
+                  wide=True)  # more than 2**31 elements: int64 offsets
     generated = [(aot.pointwise_spec(_gelu_mul(bf16), contiguous, "x*gelu(y)+z bf16"), 90),
                  (aot.pointwise_spec(_gelu_mul(fp32), contiguous, "x*gelu(y)+z fp32"), 80),
+                 (aot.pointwise_spec(_gelu_mul(bf16), wide, "x*gelu(y[b])+z bf16 int64"), 80),
                  (aot.pointwise_spec(_gelu_mul(fp32), broadcast, "x*gelu(y[b])+z fp32"), 90)]
     reports = aot.compile_jobs(jobs + generated)
     print("\n" + aot.format_table(reports))
@@ -68,3 +71,14 @@ def test_global_access_widths_are_read_from_ptx():
     assert loads == {128: 1, 32: 1, 8: 1} and stores == {32: 1}
     loads, stores = _global_accesses(ptx, masked_only=True)
     assert loads == {128: 1, 32: 1} and stores == {32: 1}
+
+
+def test_a_spill_too_many_registers_or_a_compile_error_fail_the_check():
+    from fxopt.kernels.aot import KernelReport, problems
+
+    assert problems(KernelReport("k", 90, registers=40)) == []
+    assert problems(KernelReport("k", 90, registers=40, spill_bytes=8)) == [
+        "k sm_90: spills 8 bytes"]
+    assert problems(KernelReport("k", 80, registers=256)) == ["k sm_80: 256 registers"]
+    assert problems(KernelReport("k", 80, error="CompilationError: at 3:4")) == [
+        "k sm_80: does not compile: CompilationError: at 3:4"]

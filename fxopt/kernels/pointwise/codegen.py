@@ -26,8 +26,8 @@ import torch
 from fxopt.kernels import triton_interpreting
 from fxopt.kernels.pointwise.ops import EXPRESSIONS
 
-__all__ = ["Ref", "Instr", "Program", "Layout", "kernel_source", "get_kernel", "cached_kernels",
-           "cached_programs"]  # noqa: RUF022 (in reading order)
+__all__ = ["Instr", "Layout", "Program", "Ref", "autotune_configs", "cached_kernels",
+           "cached_programs", "get_kernel", "kernel_source"]
 
 # ("in", i): the i-th tensor input; ("v", j): the j-th instruction's value; ("c", x): a number
 Ref = tuple[str, Any]
@@ -178,6 +178,21 @@ def cached_kernels() -> int:
     return len(_kernels)
 
 
+def autotune_configs(layout: Layout) -> tuple[tuple[int, int], ...]:
+    """(BLOCK, num_warps) choices the GPU autotunes among. At least 8 elements per thread,
+    so that bf16/fp16 operands move in 128-bit accesses, and at most 8 where offsets are
+    computed (strided operands) or int64 (a > 2**31-element region). Index arithmetic
+    with int64 offsets costs so many registers that those layouts stay at 4 (sm_90, a 4-D
+    bf16 region: 112 registers at 4 elements per thread, 254 at 8, 2996 bytes of spills at
+    16; a linear fp32 sin/cos region with int64 offsets spills 8 bytes at 16; measured by
+    fxopt.kernels.aot, benchmarks/aot_kernels.py)."""
+    if layout.wide and layout.any_strided:
+        return (512, 4), (1024, 8)
+    if layout.wide or layout.any_strided:
+        return (512, 2), (1024, 4), (2048, 8)
+    return (512, 2), (1024, 4), (2048, 8), (4096, 8)
+
+
 def cached_programs() -> list[tuple[Program, Layout]]:
     """The program and layout of every kernel this process has generated."""
     return list(_kernels)
@@ -203,7 +218,7 @@ def get_kernel(program: Program, layout: Layout) -> tuple[Any, bool]:
         # count); the interpreter runs one fixed block (see launch_block)
         kernel = triton.autotune(
             configs=[triton.Config({"BLOCK": block}, num_warps=warps)
-                     for block, warps in ((512, 4), (1024, 4), (2048, 8), (4096, 8))],
+                     for block, warps in autotune_configs(layout)],
             key=["numel"])(kernel)
     _kernels[key] = kernel
     return kernel, True
