@@ -6,9 +6,9 @@ run. Inductor fuses pointwise ops into generated C++/Triton kernels. On CUDA tha
 saves a launch and a memory round trip per pointwise op (the fx path keeps eager's
 execution model), so "auto" takes Inductor there. On the CPU it was measured
 (benchmarks/codegen_auto.py, benchmarks/results/codegen_auto_cpu.md): Inductor compiles
-transformers 4-19x slower than fx code generation, for a step 1.1x faster at issue 17's
-size (GPT-2, 4 layers, hidden 256) and up to 1.8x faster at the benchmark suite's tiny CPU
-sizes, where per-op overhead dominates. "auto" takes fx there, for the compile time that
+transformers 4-40x slower than fx code generation (GPT-2/BERT/Llama, 2-4 layers), for a
+step 1.0-1.3x faster at issue 17's size (4 layers, hidden 256, batch 4 x 64) and 1.6-1.8x
+faster at the benchmark suite's tiny CPU sizes, where per-op overhead dominates. "auto" takes fx there, for the compile time that
 short CPU runs (tests, debugging, smoke benchmarks) are dominated by; a long CPU training
 run is faster with ``codegen="inductor"``.
 """
@@ -32,6 +32,6 @@ def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
     if device.type == "cuda":
         return "inductor", ("auto: on CUDA Inductor's fused kernels make the step faster "
                             "than fx's one kernel per op")
-    return "fx", (f"auto: on {device.type.upper()} fx compiles 4-19x faster than Inductor, "
-                  "whose step is 1.1-1.8x faster (benchmarks/results/codegen_auto_cpu.md); "
+    return "fx", (f"auto: on {device.type.upper()} fx compiles 4-40x faster than Inductor, "
+                  "whose step is 1.0-1.8x faster (benchmarks/results/codegen_auto_cpu.md); "
                   "set codegen='inductor' for a long run")
