@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+# Each Inductor configuration compiles afresh: a cached graph would ignore the budget.
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
 import torch
 from torch import nn
@@ -53,7 +58,9 @@ def _checkpointed(model: nn.Module) -> nn.Module:
 def configurations(budgets: list[float]) -> dict[str, tuple[Callable, Callable]]:
     """name -> (prepare(model) -> callable, context() around every call)."""
     null = contextlib.nullcontext
-    configs = {"eager": (lambda m: m, null), "checkpoint": (_checkpointed, null)}
+    configs = {"eager": (lambda m: m, null), "checkpoint": (_checkpointed, null),
+               "fxopt": (lambda m: torch.compile(m, backend=fxopt.backend()), null),
+               "inductor": (lambda m: torch.compile(m, backend="inductor"), null)}
     for f in budgets:
         configs[f"fxopt {f}"] = (
             lambda m, f=f: torch.compile(m, backend=fxopt.backend(memory_budget=f)), null)
@@ -66,6 +73,7 @@ def run_model(name: str, args: argparse.Namespace) -> list[str]:
     _, kwargs = build(name, args.hidden, args.seq, args.batch)
     prepared = {}
     for config, (prepare, context) in configurations(args.budgets).items():
+        torch._dynamo.reset()
         model, _ = build(name, args.hidden, args.seq, args.batch)
         fn = prepare(model)
         owned = [*model.parameters(), *model.buffers(), *kwargs.values()]
