@@ -73,7 +73,6 @@ def run_model(name: str, args: argparse.Namespace) -> list[str]:
     _, kwargs = build(name, args.hidden, args.seq, args.batch)
     prepared = {}
     for config, (prepare, context) in configurations(args.budgets).items():
-        torch._dynamo.reset()
         model, _ = build(name, args.hidden, args.seq, args.batch)
         fn = prepare(model)
         owned = [*model.parameters(), *model.buffers(), *kwargs.values()]
@@ -114,6 +113,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    # every configuration compiles the same forward code for its own model: let Dynamo
+    # keep them all (a reset would drop the earlier ones, which would then recompile
+    # inside the timed rounds)
+    torch._dynamo.config.recompile_limit = 64
     print(f"# budget_frontier: torch {torch.__version__}, CPU, 1 thread, {args.rounds} "
           "interleaved rounds; saved bytes measured with saved-tensor hooks")
     for name in args.models:
