@@ -10,7 +10,9 @@ random numbers its own way unless ``fallback_random``), so their outputs are kep
 
 Below the floor (everything recomputable recomputed) the floor's plan is applied with one
 warning naming the floor as a fraction and in bytes, or ``InfeasibleBudget`` under
-``strict``.
+``strict``. Only recomputation is offered here, on CUDA too: a swap there would count as a
+saving (the tensor leaves device memory), but swapping is decided under byte budgets only
+so far; on the CPU a swapped tensor's host copy would count as kept.
 """
 
 from __future__ import annotations
