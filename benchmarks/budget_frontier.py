@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+# Each Inductor configuration compiles afresh: a cached graph would ignore the budget.
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
 import torch
 from torch import nn
@@ -50,15 +55,24 @@ def _checkpointed(model: nn.Module) -> nn.Module:
     return model
 
 
+def _inductor(model: nn.Module) -> Callable:
+    """Inductor through a backend object of its own: Dynamo would otherwise reuse another
+    configuration's compiled graph (parameters are graph inputs, the backend is equal) and
+    its activation_memory_budget with it."""
+    compile_fx = torch._dynamo.lookup_backend("inductor")
+    return torch.compile(model, backend=lambda gm, example_inputs: compile_fx(gm, example_inputs))
+
+
 def configurations(budgets: list[float]) -> dict[str, tuple[Callable, Callable]]:
     """name -> (prepare(model) -> callable, context() around every call)."""
     null = contextlib.nullcontext
-    configs = {"eager": (lambda m: m, null), "checkpoint": (_checkpointed, null)}
+    configs = {"eager": (lambda m: m, null), "checkpoint": (_checkpointed, null),
+               "fxopt": (lambda m: torch.compile(m, backend=fxopt.backend()), null),
+               "inductor": (_inductor, null)}
     for f in budgets:
         configs[f"fxopt {f}"] = (
             lambda m, f=f: torch.compile(m, backend=fxopt.backend(memory_budget=f)), null)
-        configs[f"inductor {f}"] = (lambda m: torch.compile(m, backend="inductor"),
-                                    lambda f=f: _activation_budget(f))
+        configs[f"inductor {f}"] = (_inductor, lambda f=f: _activation_budget(f))
     return configs
 
 
@@ -106,6 +120,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    # every configuration compiles the same forward code for its own model: let Dynamo
+    # keep them all (a reset would drop the earlier ones, which would then recompile
+    # inside the timed rounds)
+    torch._dynamo.config.recompile_limit = 64
     print(f"# budget_frontier: torch {torch.__version__}, CPU, 1 thread, {args.rounds} "
           "interleaved rounds; saved bytes measured with saved-tensor hooks")
     for name in args.models:

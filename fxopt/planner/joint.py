@@ -208,9 +208,14 @@ def group_chain(a: JointAnalysis, name: str, *, random_ok: bool = False,
                 frontier: bool = False) -> tuple[list[fx.Node], set[fx.Node]]:
     """The recompute chain of a candidate (all its saved nodes) and the other saved
     nodes it reads; ValueError when it cannot be recomputed (``recompute_chain``'s
-    ``random_ok`` and ``frontier``)."""
+    ``random_ok`` and ``frontier``). With ``frontier`` the walk also stops at the storage
+    owners of other saved tensors (a view is saved, its base is not): tagging the base
+    would rebuild a storage the plan keeps."""
     group = a.candidates[name]
     stop = set(a.saved) - set(group)
+    if frontier:
+        own = {a.base[n] for n in group}
+        stop |= {a.base[n] for n in a.saved} - own
     chain: dict[fx.Node, None] = {}
     reads: set[fx.Node] = set()
     for node in group:
@@ -314,6 +319,7 @@ def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
         return base.name
 
     saved = set(a.saved)
+    kept_storages = {a.base[n] for n in a.saved}
     always = {key(n) for n in a.saved if n not in a.group_of and a.base[n].op != "placeholder"}
     groups: list[tuple[list[str], set[fx.Node], set[str]]] = []  # names, chain, stops
     seconds: dict[str, float] = {}
@@ -323,7 +329,8 @@ def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
         except ValueError:
             always.add(key(group[0]))
             continue
-        stops = {key(r) for r in reads if r not in saved and a.base[r].op != "placeholder"}
+        stops = {key(r) for r in reads if r not in saved and r not in kept_storages
+                 and a.base[r].op != "placeholder"}
         for n in chain:
             seconds[n.name] = a.step_seconds[a.step_of[n]] if n in a.step_of else 0.0
             if is_random(n) and n.target is not operator.getitem:

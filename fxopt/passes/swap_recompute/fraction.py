@@ -12,7 +12,9 @@ Below the floor (everything recomputable recomputed) the floor's plan is applied
 warning naming the floor as a fraction and in bytes, or ``InfeasibleBudget`` under
 ``strict``. A replayed plan is the user's explicit choice: it is applied as saved, neither
 warned about nor refused for missing its budget (the pass has checked that it was made for
-this graph).
+this graph). Only recomputation is offered here, on CUDA too: a swap there would count as
+a saving (the tensor leaves device memory), but swapping is decided under byte budgets
+only so far; on the CPU a swapped tensor's host copy would count as kept.
 """
 
 from __future__ import annotations
