@@ -36,10 +36,10 @@ import torch
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT]
 
-import fxopt
-from fxopt.kernels import aot
-from fxopt.kernels.pointwise import codegen
-from fxopt.kernels.pointwise.codegen import autotune_configs
+import fxopt  # noqa: E402 - from this checkout (the path above), not an installed copy
+from fxopt.kernels import aot  # noqa: E402
+from fxopt.kernels.pointwise import codegen  # noqa: E402
+from fxopt.kernels.pointwise.codegen import autotune_configs  # noqa: E402
 
 _VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -52,7 +52,9 @@ def _workload_step(name: str, dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     model = workload.build(True).to(dtype)
     inputs = workload.inputs(model, workload.smoke_batch, True, torch.device("cpu"))
-    cast = (lambda t: t.to(dtype) if t.is_floating_point() else t)
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if t.is_floating_point() else t
+
     compiled = torch.compile(model, backend=fxopt.backend(fuse_elementwise=True))
     if isinstance(inputs, dict):
         output = compiled(**{k: cast(v) for k, v in inputs.items()})

@@ -5,9 +5,9 @@ pairs); a pair that fails is recorded as failed with its error and the run goes 
 :func:`all_pairs` is every workload under every configuration. :func:`smoke_pairs`, what
 ``fxopt bench --smoke`` runs unless workloads or configurations are named, covers both
 with fewer compilations: every configuration on the first workload, every other workload
-under the first baseline and the first fxopt configuration (eager and fxopt). Compilation dominates a smoke run
-(Inductor's C++ build takes a minute per model on two shared cores), so the full cross
-product took 447 s and more.
+under the first baseline and the first fxopt configuration (eager and fxopt). Compilation
+dominates a smoke run (Inductor's C++ build takes a minute per model on two shared cores),
+so the full cross product took 447 s and more.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """``fxopt diff DIR --html out.html``: one self-contained page, standard library only.
 
-Left, a search box (node names and ops: only matching rows show, passes without a match
-are greyed, Enter steps through the matches), the graphs and their passes; right, for the
-chosen pass, its summary, the memory timeline before and after as an inline SVG chart with
-axes (live bytes over executed nodes), and the graph before and after side by side (two
-dumps compared are labelled A and B). The columns wrap rather than push the "related"
-column out of view on a narrow window. Rows are highlighted as removed (``rm``), added (``add``) or changed (``chg``) and
-unchanged rows are ``same``; a removed node links to the nodes that replace it and back,
-a changed node to its other side. Hovering a row shows its shape, dtype, predicted bytes,
-live bytes and the pass that created it; clicking shows the same in the detail pane.
+Left, a search box (node names and ops: only matching rows show, passes without a match are
+greyed, Enter steps through the matches), the graphs and their passes; right, for the chosen
+pass, its summary, the memory timeline before and after as an inline SVG chart with axes
+(live bytes over executed nodes), and the graph before and after side by side (two dumps
+compared are labelled A and B). The columns wrap rather than push the "related" column out
+of view on a narrow window. Rows are highlighted as removed (``rm``), added (``add``) or
+changed (``chg``) and unchanged rows are ``same``; a removed node links to the nodes that
+replace it and back, a changed node to its other side. Hovering a row shows its shape,
+dtype, predicted bytes, live bytes and the pass that created it; clicking shows the same in
+the detail pane.
 
 Every node of both graphs is in the markup (so the page works, less conveniently, with
 scripts off, and tests can parse it); the small inline script only shows one pass at a

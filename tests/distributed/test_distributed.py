@@ -1,7 +1,8 @@
 """fxopt under DDP and FSDP2: two CPU processes (gloo) train a tiny transformers GPT-2
-compiled with fxopt (one layer), with the defaults, ``memory_budget=0.5`` and tempo; the loss and every
-gradient (all-reduced, or reduce-scattered and gathered back) equal the uncompiled DDP /
-FSDP2 step's. Each wrapper runs in its own pair of processes (distributed_worker.py)."""
+compiled with fxopt (one layer), with the defaults, ``memory_budget=0.5`` and tempo; the
+loss and every gradient (all-reduced, or reduce-scattered and gathered back) equal the
+uncompiled DDP / FSDP2 step's. Each wrapper runs in its own pair of processes
+(distributed_worker.py)."""
 
 import json
 import os

@@ -1,12 +1,13 @@
 """The resumed half of the offloaded optimizer's resume tests, run in a process of its own.
 
-``python optim_resume_worker.py CHECKPOINT DTYPE ORDER OUT [CHECKPOINT DTYPE ORDER OUT ...]``
-runs one resume per four arguments (one process for all, which saves a torch import each):
-it builds a fresh model (other initial weights, so every load must take effect) and an
-offloaded AdamW with a StepLR schedule, loads CHECKPOINT in ORDER ("wrap-then-load": optimizer built, then the model's
-weights loaded; "load-then-wrap": weights loaded, then the optimizer built), trains
-``STEPS`` more steps with gradient clipping and saves the model's and the optimizer's state
-dicts to OUT. The test module imports the same builders, so both halves train one recipe.
+``python optim_resume_worker.py CHECKPOINT DTYPE ORDER OUT [CHECKPOINT DTYPE ORDER OUT
+...]`` runs one resume per four arguments (one process for all, which saves a torch import
+each): it builds a fresh model (other initial weights, so every load must take effect) and
+an offloaded AdamW with a StepLR schedule, loads CHECKPOINT in ORDER ("wrap-then-load":
+optimizer built, then the model's weights loaded; "load-then-wrap": weights loaded, then the
+optimizer built), trains ``STEPS`` more steps with gradient clipping and saves the model's
+and the optimizer's state dicts to OUT. The test module imports the same builders, so both
+halves train one recipe.
 """
 
 import sys
