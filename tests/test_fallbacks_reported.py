@@ -1,6 +1,6 @@
 """No silent eager (issue 17): every fallback is warned with what was lost, kept on the
 graph's record (never overwritten by a later one), listed by explain, and raises under
-strict (a pass failing, Inductor failing, a requested pass unavailable)."""
+strict (a pass failing, Inductor failing)."""
 
 import pytest
 import torch
@@ -47,10 +47,3 @@ def test_strict_raises_when_inductor_fails(monkeypatch):
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="no lowering"):
         compiled(torch.randn(3, 13))
 
-
-def test_strict_raises_on_a_requested_pass_that_is_not_available(unavailable_pass):
-    compiled = torch.compile(MLP(), backend=fxopt.backend(**{unavailable_pass: True},
-                                                          strict=True))
-    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
-                       match=f"pass '{unavailable_pass}' is not available yet"):
-        compiled(torch.randn(3, 13))
