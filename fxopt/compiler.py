@@ -75,7 +75,7 @@ class GraphRecord:
     compile_seconds: float = 0.0
     codegen_reason: str = ""  # why options.codegen ("fx" or "inductor") generates the code
     # what runs with less than was asked, and why: the graph uncompiled, a graph without
-    # Inductor; failed or unavailable passes are in ``passes`` (see every_fallback)
+    # Inductor; failed passes are in ``passes`` (see every_fallback)
     fallbacks: list[str] = field(default_factory=list)
 
     @property
@@ -85,10 +85,9 @@ class GraphRecord:
 
     def every_fallback(self) -> list[str]:
         """Every fallback on this graph: the compiler's, then each pass that failed (and was
-        skipped) or was requested but is not available."""
+        skipped)."""
         passes = [f"pass {r.name!r} on {r.graph} {r.status}: {r.reason}" for r in self.passes
-                  if r.status == "failed" or (r.status == "unavailable"
-                                              and "requested" in r.reason)]
+                  if r.status == "failed"]
         return self.fallbacks + passes
 
     def pass_records(self, name: str) -> list[PassRecord]:

@@ -54,7 +54,7 @@ class ExplainReport:
     @property
     def fallbacks(self) -> list[str]:
         """Every fallback of every graph (a graph uncompiled, a graph without Inductor, a
-        pass failed and skipped, a requested pass unavailable); empty: none happened."""
+        pass failed and skipped); empty: none happened."""
         return [f for graph in self.graphs for f in graph.every_fallback()]
 
     def fired(self, name: str) -> bool:

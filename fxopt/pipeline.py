@@ -149,7 +149,8 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
                    f"({record.reason})")
         if ctx.options.strict:
             raise PassFailure(message) from exc
-        warnings.warn(f"{message}; skipped it, the graph is unchanged. "
+        warnings.warn(f"{message}; graph {ctx.graph_name} runs without {spec.name} "
+                      "(the pass is skipped, the graph unchanged). "
                       "Set options={'strict': True} to raise instead.", stacklevel=2)
         log.debug("fxopt: traceback of the failed pass", exc_info=True)
         return gm
