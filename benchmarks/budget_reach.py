@@ -2,7 +2,8 @@
 autograd's, on GPT-2 and BERT (transformers, 2 layers, 64 wide, dropout 0.1, training
 mode) and a 3-block MLP (Linear-GELU-Linear-LayerNorm, batch 32).
 
-    PYTHONPATH=. python benchmarks/budget_reach.py [--budgets 0.9 0.7 0.5 0.3] [--models gpt2 bert mlp] [--tempo]
+    PYTHONPATH=. python benchmarks/budget_reach.py [--budgets 0.9 0.7 0.5 0.3] \
+        [--models gpt2 bert mlp] [--tempo]
 
 For each model and fraction ``f`` it compiles with ``memory_budget=f, strict=True``, runs
 one forward under saved-tensor hooks (:func:`fxopt.analysis.measure_saved_bytes`;
