@@ -362,30 +362,6 @@ def _plain_joint_memory(example_inputs: Sequence[Any]
     return plain_joint_memory
 
 
-def _plain_joint_memory(example_inputs: Sequence[Any]
-                        ) -> Callable[[fx.GraphModule], MemoryEstimate | None]:
-    """Plain autograd's predicted step memory of a Dynamo graph: AOTAutograd traces it as
-    fxopt's own compilation does (same flags), nothing compiled is kept."""
-    def plain_joint_memory(gm: fx.GraphModule) -> MemoryEstimate | None:
-        found: list[MemoryEstimate] = []
-
-        def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
-                      **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
-            found.append(estimate_joint_memory(joint, num_fwd_outputs))
-            return _compat.default_partition(joint, joint_inputs,
-                                             num_fwd_outputs=num_fwd_outputs, **kwargs)
-
-        def as_is(g: fx.GraphModule, _: Any) -> Any:
-            return _compat.boxed_fx_callable(g)
-
-        aot = _compat.aot_autograd(fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition,
-                                   keep_inference_input_mutations=True)
-        aot(copy_graph_module(gm), list(example_inputs))
-        return found[0] if found else None
-
-    return plain_joint_memory
-
-
 def _report_only(analysis: Callable[[fx.GraphModule], T], gm: fx.GraphModule) -> T | None:
     """Predictions feed reports; an analysis that fails is logged, never raised."""
     try:
