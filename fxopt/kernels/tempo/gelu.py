@@ -23,7 +23,7 @@ from fxopt.kernels import triton_runs_on
 from fxopt.kernels.tempo.bitmask import pack_bits, packed_size, unpack_bits
 from fxopt.kernels.tempo.gelu_coefficients import DEGREE, FITS
 
-__all__ = ["APPROXIMATIONS", "gelu_tables", "gelu_derivative_from_output", "tempo_gelu",
+__all__ = ["APPROXIMATIONS", "gelu_derivative_from_output", "gelu_tables", "tempo_gelu",
            "tempo_gelu_backward"]
 
 APPROXIMATIONS = tuple(FITS)  # "none" (erf) and "tanh", as F.gelu's approximate=
@@ -105,16 +105,24 @@ def _reference_tables(approximate: str, device: torch.device) -> _ReferenceTable
                             s_cap_squared)
 
 
-def _derivative_from_output(y: torch.Tensor, right: torch.Tensor, approximate: str
-                            ) -> torch.Tensor:
-    """:func:`gelu_derivative_from_output` on flat ``y`` and ``right`` as 0/1 uint8."""
-    tables = _reference_tables(approximate, y.device)
+def _intervals(y: torch.Tensor, right: torch.Tensor, tables: _ReferenceTables
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each element's row in ``tables``, int64; s = sqrt(y - y_min), fp32) for flat ``y``
+    and ``right`` as 0/1 uint8."""
     y = y.float()
     key = (y.view(torch.int32) >> _KEY_SHIFT).bitwise_and_(_KEYS - 1)
     interval = torch.index_select(tables.first_interval, 0,
                                   key.add_(right, alpha=_KEYS).to(torch.int64))
     s = (y - tables.y_min).clamp_(0, tables.s_cap_squared).sqrt_()
     interval += s >= torch.index_select(tables.next_starts, 0, interval)
+    return interval, s
+
+
+def _derivative_from_output(y: torch.Tensor, right: torch.Tensor, approximate: str
+                            ) -> torch.Tensor:
+    """:func:`gelu_derivative_from_output` on flat ``y`` and ``right`` as 0/1 uint8."""
+    tables = _reference_tables(approximate, y.device)
+    interval, s = _intervals(y, right, tables)
 
     def column(k: int) -> torch.Tensor:
         return torch.index_select(tables.columns[k], 0, interval)
