@@ -13,7 +13,7 @@ device to plan for). The step planned is ``model(*example_inputs)`` followed by 
 of the sum of its first tensor output (a scalar loss is itself).
 
 ``fxopt calibrate [--device cuda]`` measures the device and caches its profile
-(:mod:`fxopt.planner.calibrate`).
+(:mod:`fxopt.cli.calibrate`).
 """
 
 from __future__ import annotations
@@ -73,12 +73,16 @@ def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from fxopt.config import parse_memory_budget
-    from fxopt.planner.capture import capture_joints
+    import torch
+
+    from fxopt.cli.capture import capture_joints
+    from fxopt.codegen import choose_codegen
+    from fxopt.config import Options, parse_memory_budget
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
-    from fxopt.planner.joint import activation_problem
-    from fxopt.planner.plan import plan_for_joint_graph, saved_bytes_floor
+    from fxopt.planner.joint import step_problem
+    from fxopt.planner.solvers.fraction import solve_fraction
+    from fxopt.planner.step import plan_step
     from fxopt.planner.symbolic import symbolic_step
     from fxopt.units import format_bytes
 
@@ -95,21 +99,24 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     device = next((t.device for t in inputs if hasattr(t, "device")), None)
     hardware = profile_for(device or "cpu")
+    # the problem compilation builds with the default options on this device
+    codegen, _ = choose_codegen(Options(), torch.device(device or "cpu"))
     joints = capture_joints(model, inputs, dynamic=args.dynamic)
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source})")
     for index, joint in enumerate(joints):
-        analysis, problem = activation_problem(joint.gm, joint.num_fwd_outputs, hardware)
-        step = sum(analysis.step_seconds)
-        print(f"\ng{index}: keep-all peak {format_bytes(analysis.estimate.peak_bytes)}, "
-              f"activations {format_bytes(analysis.estimate.activation_bytes)}, predicted "
-              f"step {1e3 * step:.3f} ms; {len(problem.activations)} saved tensors")
-        floor = saved_bytes_floor(joint.gm, joint.num_fwd_outputs, hardware)
+        _, problem = step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
+                                  name=f"g{index}")
+        print(f"\ng{index}: keep-all peak {format_bytes(problem.keep_all_peak_bytes)}, "
+              f"activations {format_bytes(problem.activation_bytes)}, predicted "
+              f"step {1e3 * problem.step_seconds:.3f} ms; "
+              f"{len(problem.activations.activations)} saved tensors")
+        floor = solve_fraction(problem.saved_bytes, 0)
         print(f"floor of a fraction budget (everything recomputable recomputed): "
               f"{floor.floor_fraction:.3f} of plain autograd's saved bytes "
               f"({format_bytes(floor.floor_bytes)} of {format_bytes(floor.plain_bytes)})")
-        frontier = pareto_frontier(problem, points=args.points, time_limit=args.time_limit,
-                                   step_seconds=step)
+        frontier = pareto_frontier(problem.activations, points=args.points,
+                                   time_limit=args.time_limit, step_seconds=problem.step_seconds)
         print(frontier.table())
         if args.png:
             png = Path(args.png)
@@ -117,9 +124,7 @@ def _plan(args: argparse.Namespace) -> int:
                 png = png.with_name(f"{png.stem}_g{index}{png.suffix}")
             print(f"frontier drawn: {frontier.plot(png, title=f'{args.target} g{index}')}")
         if budget is not None:
-            options = argparse.Namespace(memory_budget=budget)
-            plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs, options, hardware,
-                                        time_limit=args.time_limit, name=f"g{index}")
+            plan = plan_step(problem, budget, hardware, time_limit=args.time_limit)
             if "saved_bytes" in plan.predictions:
                 reached = (f"predicted saved bytes "
                            f"{format_bytes(int(plan.predictions['saved_bytes']))}")
@@ -165,8 +170,8 @@ def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from fxopt.planner.calibrate import PLAUSIBLE_FACTOR, calibrate, implausible, save_calibrated
-    from fxopt.planner.hardware import default_profile
+    from fxopt.cli.calibrate import PLAUSIBLE_FACTOR, calibrate, implausible
+    from fxopt.planner.hardware import default_profile, save_calibrated
 
     sizes = {"size": 256, "copy_mib": 16, "adam_params": 1 << 18} if args.quick else {}
     try:

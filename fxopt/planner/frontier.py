@@ -1,8 +1,8 @@
 """The predicted time-vs-memory Pareto frontier of a saved-activation problem.
 
 A user picks a budget from it: the first point is the lowest peak found
-(:func:`~fxopt.planner.milp.lowest_peak_plan`), then budgets are swept evenly up to the
-keep-all peak, each is solved (:func:`~fxopt.planner.milp.solve_activations`),
+(:func:`~fxopt.planner.solvers.milp.lowest_peak_plan`), then budgets are swept evenly up to the
+keep-all peak, each is solved (:func:`~fxopt.planner.solvers.milp.solve_activations`),
 and only the non-dominated (peak, added seconds) points are kept: a point is dropped when
 another has a peak and a time both no larger, one of them smaller. Shown as a text table
 and, where matplotlib is installed, a PNG.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fxopt.planner.activations import ActivationProblem, Decision
-from fxopt.planner.milp import DEFAULT_TIME_LIMIT, lowest_peak_plan, solve_activations
+from fxopt.planner.solvers.milp import DEFAULT_TIME_LIMIT, lowest_peak_plan, solve_activations
 from fxopt.units import format_bytes
 
 __all__ = ["Frontier", "FrontierPoint", "pareto_frontier", "non_dominated"]

@@ -4,25 +4,19 @@ A plan records what was decided and what it was decided for: the hardware profil
 budget, the action per saved tensor (absent: keep), the predictions (peak, keep-all peak,
 step time with everything kept, added seconds) and the planning time. It is shown by
 explain, dumped with the debug dir, and loaded again (``Plan.load``) to reproduce a run
-without solving: :meth:`Plan.decider` is a decider with the solver's signature that
-replays the recorded actions.
+without solving (:func:`fxopt.planner.step.plan_step`'s ``replay``).
 
 A plan is keyed by its joint graph's fingerprint (:func:`graph_fingerprint`: every node's
 name, target, shapes and dtypes), so a plan replays only on the graph it was made for;
-:meth:`Plan.check_graph` refuses another one (other sizes included) naming the first node
+:meth:`Plan.check_fingerprint` refuses another one (other sizes included) naming the first node
 that differs. A file that is not a plan, or a plan of another version, is refused at load.
-
-:func:`plan_for_joint_graph` is the compile path's entry: joint graph in, plan out. It
-never edits the graph; the ``swap_recompute`` pass applies the plan's actions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,21 +24,11 @@ from typing import Any
 from torch import fx
 
 from fxopt.config import OptionError
-from fxopt.planner.activations import ACTIONS, ActivationProblem, Decision, evaluate
-from fxopt.planner.fraction import (
-    FractionDecision,
-    SavedBytesProblem,
-    rng_state_bytes,
-    solve_fraction,
-)
+from fxopt.planner.activations import ACTIONS, Decision
 from fxopt.planner.hardware import HardwareProfile
-from fxopt.planner.joint import activation_problem, analyse_joint, saved_bytes_problem
-from fxopt.planner.milp import DEFAULT_TIME_LIMIT, solve_activations
+from fxopt.planner.solvers.fraction import FractionDecision, SavedBytesProblem
 
-__all__ = ["PLAN_VERSION", "Plan", "budget_bytes_for", "graph_fingerprint",
-           "plan_for_joint_graph", "saved_bytes_floor"]
-
-log = logging.getLogger(__name__)
+__all__ = ["PLAN_VERSION", "Plan", "graph_fingerprint"]
 
 PLAN_VERSION = 2  # 2: plans carry their graph's fingerprint
 
@@ -107,19 +91,10 @@ class Plan:
     def profile(self) -> HardwareProfile:
         return HardwareProfile.from_dict(self.hardware)
 
-    def decider(self) -> Callable[[ActivationProblem], Decision]:
-        """A decider that replays this plan's actions on a problem (the same graph's)."""
-        def replay(problem: ActivationProblem) -> Decision:
-            try:
-                return evaluate(problem, self.actions, "plan", status="replayed from a plan")
-            except (KeyError, ValueError) as error:
-                raise ValueError(f"fxopt: the plan of graph {self.graph or '?'} does not "
-                                 f"match this graph ({error}); plan it again") from error
-        return replay
-
-    def check_graph(self, joint_gm: fx.GraphModule) -> None:
-        """Refuse to replay on a graph other than the one planned (``OptionError``)."""
-        mine, theirs = self.fingerprint, graph_fingerprint(joint_gm)
+    def check_fingerprint(self, theirs: list[str]) -> None:
+        """Refuse to replay on a graph (of fingerprint ``theirs``, :func:`graph_fingerprint`)
+        other than the one planned (``OptionError``)."""
+        mine = self.fingerprint
         if mine == theirs:
             return
         index = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
@@ -189,83 +164,3 @@ def graph_fingerprint(gm: fx.GraphModule) -> list[str]:
 
     return [f"{n.name} {n.op} {getattr(n.target, '__name__', n.target)} "
             f"{value(n.meta.get('val'))}" for n in gm.graph.nodes]
-
-
-def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> int:
-    """A peak budget in bytes from an option value: bytes (a bound on the step's predicted
-    peak, weights and gradients included) or a fraction ``f`` of plain autograd's
-    activation memory (the peak when only ``f`` of the activations may stay resident:
-    ``keep_all_peak - (1 - f) * activation_bytes``). Takes ``fxopt.config.MemoryBudget``
-    or a plain int/float."""
-    value_bytes = getattr(budget, "bytes", budget if isinstance(budget, int) else None)
-    fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
-    if isinstance(value_bytes, int) and not isinstance(value_bytes, bool) and value_bytes > 0:
-        return value_bytes
-    if isinstance(fraction, float) and 0 < fraction <= 1:
-        return int(keep_all_peak - (1 - fraction) * activation_bytes)
-    raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes nor a "
-                     "fraction in (0, 1]")
-
-
-def plan_for_joint_graph(joint_gm: fx.GraphModule, num_fwd_outputs: int, options: Any,
-                         hardware: HardwareProfile, *,
-                         time_limit: float = DEFAULT_TIME_LIMIT, name: str = "") -> Plan:
-    """Decide every saved tensor of ``joint_gm`` under ``options.memory_budget``.
-
-    ``options`` is ``fxopt.config.Options`` (or anything with ``memory_budget``); with no
-    budget the plan keeps everything and only records the predictions.
-    """
-    began = time.perf_counter()
-    budget = getattr(options, "memory_budget", None)
-    if getattr(budget, "fraction", None) is not None:
-        plan = _fraction_plan(joint_gm, num_fwd_outputs, budget.fraction, hardware)
-        plan.graph = name
-        plan.planning_seconds = time.perf_counter() - began
-        return plan
-    analysis, problem = activation_problem(joint_gm, num_fwd_outputs, hardware)
-    memory = analysis.estimate
-    keep_all = max(problem.live_bytes, default=memory.baseline_bytes)
-    budget_bytes = (None if budget is None
-                    else budget_bytes_for(budget, keep_all, memory.activation_bytes))
-    problem = dataclasses.replace(problem, budget_bytes=keep_all if budget_bytes is None
-                                  else budget_bytes)
-    decision = solve_activations(problem, time_limit=time_limit)
-    plan = Plan.from_decision(decision, hardware, budget_bytes,
-                              keep_all_peak_bytes=keep_all,
-                              activation_bytes=memory.activation_bytes,
-                              step_seconds=sum(analysis.step_seconds))
-    plan.graph = name
-    plan.fingerprint = graph_fingerprint(joint_gm)
-    plan.planning_seconds = time.perf_counter() - began
-    plan.extra["saved_tensors_with_choices"] = len(problem.activations)
-    if not plan.feasible:
-        log.warning("fxopt: no plan reaches the memory budget %s for graph %s: the lowest "
-                    "predicted peak is %d bytes", budget, name or "?", plan.predictions[
-                        "peak_bytes"])
-    return plan
-
-
-def saved_bytes_floor(joint_gm: fx.GraphModule, num_fwd_outputs: int,
-                      hardware: HardwareProfile) -> FractionDecision:
-    """The floor of a fraction budget on ``joint_gm`` (everything recomputable recomputed;
-    fx code generation, so dropout too): ``floor_bytes`` of ``plain_bytes``."""
-    return _fraction_decision(joint_gm, num_fwd_outputs, 0.0, hardware)[0]
-
-
-def _fraction_decision(joint_gm: fx.GraphModule, num_fwd_outputs: int, fraction: float,
-                       hardware: HardwareProfile
-                       ) -> tuple[FractionDecision, SavedBytesProblem]:
-    analysis = analyse_joint(joint_gm, num_fwd_outputs, hardware)
-    problem = saved_bytes_problem(analysis, random_ok=True,
-                                  rng_state_bytes=rng_state_bytes(hardware.device_type))
-    return solve_fraction(problem, int(fraction * problem.plain_bytes)), problem
-
-
-def _fraction_plan(joint_gm: fx.GraphModule, num_fwd_outputs: int, fraction: float,
-                   hardware: HardwareProfile) -> Plan:
-    decision, problem = _fraction_decision(joint_gm, num_fwd_outputs, fraction, hardware)
-    if not decision.feasible:
-        log.warning("fxopt: memory_budget %g is below the floor of graph: %.3f of plain "
-                    "autograd's saved bytes (%d bytes)", fraction, decision.floor_fraction,
-                    decision.floor_bytes)
-    return Plan.from_fraction(decision, problem, hardware, fraction)

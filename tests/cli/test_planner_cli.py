@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from fxopt.__main__ import main
+from fxopt.cli.calibrate import calibrate
+from fxopt.cli.planner import load_target
+from fxopt.compiler import Backend
 from fxopt.planner import Plan, profile_for
-from fxopt.planner.calibrate import cache_path, calibrate, load_calibrated, save_calibrated
-from fxopt.planner.hardware import CPU_DEFAULT
+from fxopt.planner.hardware import CPU_DEFAULT, cache_path, load_calibrated, save_calibrated
 
 TARGET = str(Path(__file__).with_name("plan_targets.py"))
 
@@ -40,6 +42,34 @@ def test_plan_reports_the_floor_and_plans_a_fraction_of_saved_bytes(tmp_path, ca
     plan = Plan.load(plan_path)
     assert plan.feasible and plan.actions and plan.extra["fraction"] == 0.5
     assert plan.predictions["saved_bytes"] <= 0.5 * plan.predictions["plain_saved_bytes"]
+
+
+def _compiled_step(options):
+    """One compiled step of TARGET: swap_recompute's stats and the parameters' gradients."""
+    model, (x,) = load_target(TARGET)
+    backend = Backend(options)
+    torch.compile(model, backend=backend)(x).sum().backward()
+    (stats,) = [r.stats for g in backend.graphs for r in g.passes if r.name == "swap_recompute"]
+    return stats, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("budget", ["0.5", "1930000"])  # saved bytes; the predicted peak
+def test_the_saved_plan_is_the_one_compilation_builds_and_replays(budget, tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", TARGET, "--budget", budget, "--points", "2", "--save",
+                 str(plan_path)]) == 0
+    saved = Plan.load(plan_path).to_dict()
+    assert saved["actions"]
+    solved, solved_grads = _compiled_step({"memory_budget": budget})
+    replayed, replayed_grads = _compiled_step({"plan": str(plan_path)})
+    assert solved.get("plan") and replayed.get("plan")
+    # the same plan but for the graph's name (g0 here, Dynamo's there) and the solve's time
+    ignored = {"graph", "planning_seconds"}
+    assert ({k: v for k, v in solved["plan"].items() if k not in ignored}
+            == {k: v for k, v in saved.items() if k not in ignored})
+    assert replayed["plan"]["actions"] == saved["actions"] and replayed["plan"]["solver"] == "plan"
+    assert replayed["plan"]["predictions"] == saved["predictions"]
+    assert all(torch.equal(a, b) for a, b in zip(solved_grads, replayed_grads, strict=True))
 
 
 @pytest.mark.parametrize("argv, error", [
