@@ -81,6 +81,7 @@ def _plan(args: argparse.Namespace) -> int:
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
     from fxopt.planner.joint import step_problem
+    from fxopt.planner.ledger import BudgetLedger
     from fxopt.planner.solvers.fraction import solve_fraction
     from fxopt.planner.step import plan_step
     from fxopt.planner.symbolic import symbolic_step
@@ -102,6 +103,7 @@ def _plan(args: argparse.Namespace) -> int:
     # the problem compilation builds with the default options on this device
     codegen, _ = choose_codegen(Options(), torch.device(device or "cpu"))
     joints = capture_joints(model, inputs, dynamic=args.dynamic)
+    ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source})")
     for index, joint in enumerate(joints):
@@ -124,10 +126,12 @@ def _plan(args: argparse.Namespace) -> int:
                 png = png.with_name(f"{png.stem}_g{index}{png.suffix}")
             print(f"frontier drawn: {frontier.plot(png, title=f'{args.target} g{index}')}")
         if budget is not None:
-            plan = plan_step(problem, budget, hardware, time_limit=args.time_limit)
+            plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
+                             ledger=ledger)
             if "saved_bytes" in plan.predictions:
                 reached = (f"predicted saved bytes "
-                           f"{format_bytes(int(plan.predictions['saved_bytes']))}")
+                           f"{format_bytes(int(plan.predictions['saved_bytes']))} (share "
+                           f"{format_bytes(plan.budget_bytes)} of the model's budget)")
             else:
                 reached = f"predicted peak {format_bytes(int(plan.predictions['peak_bytes']))}"
             print(f"budget {budget}: {reached}, +"

@@ -22,6 +22,9 @@ What a budget means, and who decides it:
   (the greedy solver's DELTA mode) or ``"greedy"``. A budget that cannot be met warns
   naming the lowest peak reached and returns that plan, or raises under ``strict``. A
   byte budget below the parameters and inputs warns that a fraction was probably meant.
+- ``ledger``: the model's :class:`~fxopt.planner.ledger.BudgetLedger`: a fraction is then
+  the model's, shared by its graphs (:mod:`fxopt.planner.ledger`), and the graph's share
+  is recorded in it.
 - ``replay``: a saved plan, checked against the problem's fingerprint (another graph is
   refused naming the first node that differs) and returned as saved: the user's choice,
   neither warned about nor refused for missing its budget.
@@ -38,6 +41,7 @@ from typing import Any
 
 from fxopt.planner.activations import ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
+from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.plan import Plan
 from fxopt.planner.solvers.fraction import SavedBytesProblem, replay_fraction, solve_fraction
 from fxopt.planner.solvers.greedy import solve_greedy
@@ -74,7 +78,8 @@ class StepProblem:
 
 def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
               solver: str = "milp", replay: Plan | None = None, strict: bool = False,
-              time_limit: float = DEFAULT_TIME_LIMIT) -> Plan:
+              time_limit: float = DEFAULT_TIME_LIMIT, ledger: BudgetLedger | None = None
+              ) -> Plan:
     """The plan for ``problem`` under ``budget`` (``fxopt.config.MemoryBudget``, or None:
     keep everything, or replay ``replay``) on ``hardware``; see the module doc."""
     if solver not in SOLVERS:
@@ -84,9 +89,10 @@ def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
         replay.check_fingerprint(list(problem.fingerprint))
     fraction = getattr(budget, "fraction", None)
     if replay is not None and "fraction" in replay.extra:
-        plan = _fraction_plan(problem, replay.extra["fraction"], hardware, strict, replay)
+        plan = _fraction_plan(problem, replay.extra["fraction"], hardware, strict, replay,
+                              ledger)
     elif replay is None and fraction is not None and not problem.fraction_bounds_peak:
-        plan = _fraction_plan(problem, fraction, hardware, strict, None)
+        plan = _fraction_plan(problem, fraction, hardware, strict, None, ledger)
     else:
         plan = _peak_plan(problem, budget, hardware, solver, replay, strict, time_limit)
     plan.graph = problem.graph
@@ -112,9 +118,11 @@ def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> 
 
 
 def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProfile,
-                   strict: bool, replay: Plan | None) -> Plan:
+                   strict: bool, replay: Plan | None, ledger: BudgetLedger | None) -> Plan:
     saved = problem.saved_bytes
-    target = int(fraction * saved.plain_bytes)
+    shared = ledger is not None and bool(ledger.shares)  # graphs before this one
+    target = (ledger.share_for(fraction, saved.plain_bytes) if ledger is not None
+              else int(fraction * saved.plain_bytes))
     if replay is None:
         decision = solve_fraction(saved, target)
     else:
@@ -124,15 +132,23 @@ def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProf
             raise ValueError(f"fxopt: the plan of graph {replay.graph or '?'} does not match "
                              f"this graph (no saved tensor {error}); plan it again") from error
     if not decision.feasible and replay is None:
+        within = (f"its share ({target} bytes) of memory_budget {fraction:g} of the model's "
+                  f"plain saved bytes (this graph's: {decision.plain_bytes} bytes), what the "
+                  f"{len(ledger.shares)} graphs compiled before it left" if shared else
+                  f"memory_budget {fraction:g} of plain autograd's ({decision.plain_bytes} "
+                  "bytes)")
         message = (f"fxopt: swap_recompute cannot keep {problem.graph}'s saved bytes within "
-                   f"memory_budget {fraction:g} of plain autograd's ({decision.plain_bytes} "
-                   f"bytes): the floor, with everything recomputable recomputed, is "
+                   f"{within}: the floor, with everything recomputable recomputed, is "
                    f"{decision.floor_fraction:.3f} ({decision.floor_bytes} bytes)")
         if strict:
             raise InfeasibleBudget(message)
         warnings.warn(f"{message}; applying the floor's plan", stacklevel=4)
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)
+    if ledger is not None:
+        ledger.record(problem.graph, decision.plain_bytes, target, decision.kept_bytes)
+        plan.extra["model"] = {"graphs": len(ledger.shares), "plain_bytes": ledger.plain_bytes,
+                               "kept_bytes": ledger.kept_bytes}
     return plan
 
 

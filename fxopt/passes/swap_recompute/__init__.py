@@ -17,6 +17,8 @@ At the JOINT stage (AOTAutograd's joint forward+backward graph, before the parti
    is rewritten by :mod:`.apply` (recompute tags, swap ops), and the compiler places the
    prefetches in the backward.
 
+A fraction is the model's: the graphs one backend compiles share it, each planned within
+what the graphs before it left (:mod:`fxopt.planner.ledger`; ``stats["share_bytes"]``).
 A step that already fits is left unchanged (``stats["fits"]``). On a CPU device swapping
 frees nothing, so only recompute is offered unless ``force_swap`` is set.
 """
@@ -49,7 +51,8 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                                      force_swap=ctx.options.force_swap, name=ctx.graph_name)
     plan = plan_step(problem, budget, profile,
                      solver="milp" if ctx.options.planner_enabled else "delta",
-                     replay=saved_plan, strict=ctx.options.strict)
+                     replay=saved_plan, strict=ctx.options.strict,
+                     ledger=ctx.budget_ledger)
     fraction = "fraction" in plan.extra
     stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
     if plan.actions:  # the plan in the report and the debug dump, loadable by `plan`
@@ -95,6 +98,11 @@ def _fraction_stats(plan: Plan) -> dict[str, object]:
         "recompute": len(plan.actions), "swap": 0,
         "recompute_nodes": len(plan.extra["tagged"]),
         "added_ms": round(p["added_seconds"] * 1e3, 4),
+        **({"share_bytes": plan.budget_bytes,
+            "model_graphs": plan.extra["model"]["graphs"],
+            "model_plain_saved_bytes": plan.extra["model"]["plain_bytes"],
+            "model_saved_bytes_after": plan.extra["model"]["kept_bytes"]}
+           if "model" in plan.extra else {}),
     }
 
 
