@@ -2,9 +2,12 @@
 
 ``fxopt plan TARGET`` captures one training step of a model and prints, per captured
 graph, the predicted keep-all peak and step time and the time-vs-memory Pareto frontier
-(``--png`` draws it); ``--budget 6GiB`` also solves that budget and ``--save plan.json``
-writes the plan; ``--dynamic`` captures with symbolic sizes and ``--fit 6GiB`` answers the
-largest batch that fits and its predicted throughput.
+(``--png`` draws it); ``--budget 6GiB`` also plans that budget with
+:func:`fxopt.planner.plan_step` (as compilation does) and prints the plan as a table
+(tensors recomputed, swapped and kept, predicted peak or saved bytes and step time, the
+floor), and ``--save plan.json`` writes it (and the frontier PNG next to it when
+matplotlib is installed); ``--dynamic`` captures with symbolic sizes and ``--fit 6GiB``
+answers the largest batch that fits and its predicted throughput.
 
 TARGET contract: ``package.module:function`` or ``path/to/file.py:function`` (the function
 defaults to ``fxopt_plan_target``). The function takes no arguments and returns
@@ -39,7 +42,8 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--budget", help="solve this memory budget (bytes, 6GiB, 50%%, 0.5)")
     plan.add_argument("--save", metavar="PLAN_JSON", help="write the plan (with --budget)")
     plan.add_argument("--points", type=int, default=12, help="budgets on the frontier")
-    plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib)")
+    plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib; "
+                      "with --save, drawn next to the plan by default)")
     plan.add_argument("--time-limit", type=float, default=10.0,
                       help="seconds per MILP solve (default 10)")
     plan.add_argument("--dynamic", action="store_true",
@@ -120,11 +124,7 @@ def _plan(args: argparse.Namespace) -> int:
         frontier = pareto_frontier(problem.activations, points=args.points,
                                    time_limit=args.time_limit, step_seconds=problem.step_seconds)
         print(frontier.table())
-        if args.png:
-            png = Path(args.png)
-            if len(joints) > 1:
-                png = png.with_name(f"{png.stem}_g{index}{png.suffix}")
-            print(f"frontier drawn: {frontier.plot(png, title=f'{args.target} g{index}')}")
+        plan = None
         if budget is not None:
             plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
                              ledger=ledger)
@@ -136,17 +136,35 @@ def _plan(args: argparse.Namespace) -> int:
                 reached = f"predicted peak {format_bytes(int(plan.predictions['peak_bytes']))}"
             print(f"budget {budget}: {reached}, +"
                   f"{1e3 * plan.predictions['added_seconds']:.3f} ms, {len(plan.actions)} "
-                  f"tensors not kept, {plan.solver} ({plan.status or 'done'}) in "
-                  f"{plan.planning_seconds:.2f} s{'' if plan.feasible else ', OVER BUDGET'}")
+                  f"tensors not kept{'' if plan.feasible else ', OVER BUDGET'}")
+            lowest_peak = min((p.peak_bytes for p in frontier.points), default=None)
+            print(plan.table(None if "fraction" in plan.extra else lowest_peak))
             if args.save:
-                path = Path(args.save)
-                if len(joints) > 1:
-                    path = path.with_name(f"{path.stem}_g{index}{path.suffix}")
-                print(f"plan saved: {plan.save(path)}")
+                print(f"plan saved: {plan.save(_per_graph(args.save, index, len(joints)))}")
+        png = args.png or (args.save and Path(args.save).with_suffix(".frontier.png"))
+        if png:
+            _draw(frontier, _per_graph(png, index, len(joints)), f"{args.target} g{index}",
+                  plan)
         if args.dynamic:
             _print_symbolic(symbolic_step(joint.gm, joint.num_fwd_outputs, hardware), fit,
                             args.symbol)
     return 0
+
+
+def _per_graph(path: str | Path, index: int, graphs: int) -> Path:
+    path = Path(path)
+    return path.with_name(f"{path.stem}_g{index}{path.suffix}") if graphs > 1 else path
+
+
+def _draw(frontier: Any, png: Path, title: str, plan: Any) -> None:
+    """The frontier PNG, a byte plan marked on it; a line saying so when matplotlib is not
+    installed."""
+    chosen = (None if plan is None or "peak_bytes" not in plan.predictions else
+              (int(plan.predictions["peak_bytes"]), plan.predictions["added_seconds"]))
+    try:
+        print(f"frontier drawn: {frontier.plot(png, title=title, chosen=chosen)}")
+    except RuntimeError as error:  # matplotlib missing
+        print(f"frontier not drawn: {str(error).removeprefix('fxopt: ')}")
 
 
 def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:

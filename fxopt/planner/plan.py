@@ -27,6 +27,7 @@ from fxopt.config import OptionError
 from fxopt.planner.activations import ACTIONS, Decision
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.solvers.fraction import FractionDecision, SavedBytesProblem
+from fxopt.units import format_bytes
 
 __all__ = ["PLAN_VERSION", "Plan", "graph_fingerprint"]
 
@@ -87,6 +88,45 @@ class Plan:
                                 "added_seconds": decision.added_seconds},
                    solver=decision.solver, status="", planning_seconds=0.0,
                    feasible=decision.feasible, extra={"fraction": fraction, "tensors": rows})
+
+    def table(self, floor_peak_bytes: int | None = None) -> str:
+        """The plan as text: what it recomputes, swaps and keeps, the predicted peak (or saved
+        bytes, for a fraction) and step time, the floor, and one row per tensor not kept.
+        ``floor_peak_bytes``: the lowest reachable peak, when the caller knows it (a byte
+        plan's floor; a fraction plan carries its own)."""
+        p, rows = self.predictions, self.extra.get("tensors", [])
+        lines = [f"plan for {self.graph or '?'}: {self.solver} "
+                 f"({self.status or 'done'}) in {self.planning_seconds:.2f} s"
+                 f"{'' if self.feasible else ', OVER BUDGET'}"]
+        for action in ("recompute", "swap", "keep"):
+            chosen = [r for r in rows if r["action"] == action]
+            lines.append(f"  {action:<10} {len(chosen):>4} tensors "
+                         f"{format_bytes(sum(r['bytes'] for r in chosen)):>11}")
+        step = p.get("step_seconds")
+        timing = (f"predicted step {1e3 * (step + p['added_seconds']):.3f} ms "
+                  f"({1e3 * step:.3f} ms with everything kept, +"
+                  if step is not None else "predicted added time (+")
+        timing += f"{1e3 * p['added_seconds']:.3f} ms)"
+        if "fraction" in self.extra:
+            plain = max(int(p["plain_saved_bytes"]), 1)
+            lines += [f"  predicted saved bytes {format_bytes(int(p['saved_bytes']))} of "
+                      f"{format_bytes(plain)} ({p['saved_bytes'] / plain:.3f}; bound "
+                      f"{format_bytes(self.budget_bytes or 0)}); {timing}",
+                      f"  floor: {p['floor_saved_bytes'] / plain:.3f} of plain autograd's "
+                      f"saved bytes ({format_bytes(int(p['floor_saved_bytes']))}), "
+                      "everything recomputable recomputed"]
+        else:
+            lines.append(f"  predicted peak {format_bytes(int(p['peak_bytes']))} (bound "
+                         f"{format_bytes(self.budget_bytes or 0)}, everything kept "
+                         f"{format_bytes(int(p['keep_all_peak_bytes']))}); {timing}")
+            if floor_peak_bytes is not None:
+                lines.append(f"  floor: lowest reachable peak {format_bytes(floor_peak_bytes)}")
+        changed = [r for r in rows if r["action"] != "keep"]
+        if changed:
+            lines.append(f"  {'tensor':<32}{'action':<11}{'bytes':>11}{'added ms':>11}")
+            lines += [f"  {r['tensor']:<32}{r['action']:<11}{format_bytes(r['bytes']):>11}"
+                      f"{1e3 * r['seconds']:>11.4f}" for r in changed]
+        return "\n".join(lines)
 
     def profile(self) -> HardwareProfile:
         return HardwareProfile.from_dict(self.hardware)

@@ -97,6 +97,7 @@ def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
         plan = _peak_plan(problem, budget, hardware, solver, replay, strict, time_limit)
     plan.graph = problem.graph
     plan.fingerprint = list(problem.fingerprint)
+    plan.predictions.setdefault("step_seconds", problem.step_seconds)
     plan.planning_seconds = time.perf_counter() - began
     return plan
 

@@ -23,6 +23,11 @@ def test_plan_prints_the_frontier_solves_a_budget_and_fits_a_batch(tmp_path, cap
     out = capsys.readouterr().out
     assert "keep-all peak" in out and "step ms" in out and "recompute" in out
     assert "budget 1.84 MiB: predicted peak" in out and "OVER BUDGET" not in out
+    # the plan as a table: counts per action, predicted peak and step time, the floor
+    assert "plan for g0: milp (optimal)" in out
+    assert all(f"\n  {action}" in out for action in ("recompute", "swap", "keep"))
+    assert "predicted peak" in out and "predicted step" in out
+    assert "floor: lowest reachable peak" in out and "added ms" in out
     assert "largest s" in out and "that fits in 4.00 MiB" in out
     plan = Plan.load(plan_path)
     assert plan.feasible and plan.budget_bytes == 1930000 and plan.actions
@@ -39,9 +44,23 @@ def test_plan_reports_the_floor_and_plans_a_fraction_of_saved_bytes(tmp_path, ca
     assert "floor of a fraction budget" in out and "of plain autograd's saved bytes" in out
     assert "budget 0.5 of activation memory: predicted saved bytes" in out
     assert "OVER BUDGET" not in out
+    assert "plan for g0: fraction path" in out and "predicted step" in out
+    assert "floor: 0.000 of plain autograd's saved bytes" in out
+    # with --save, the frontier is drawn next to the plan when matplotlib is installed
+    png = plan_path.with_suffix(".frontier.png")
+    assert (f"frontier drawn: {png}" in out and png.read_bytes()[:4] == b"\x89PNG"
+            if _has_matplotlib() else "frontier not drawn: " in out)
     plan = Plan.load(plan_path)
     assert plan.feasible and plan.actions and plan.extra["fraction"] == 0.5
     assert plan.predictions["saved_bytes"] <= 0.5 * plan.predictions["plain_saved_bytes"]
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _compiled_step(options):
