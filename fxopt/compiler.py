@@ -43,7 +43,7 @@ from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
 from fxopt.planner.ledger import BudgetLedger
-from fxopt.planner.plan import Plan
+from fxopt.planner.plan import load_plans
 
 __all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
 
@@ -163,7 +163,7 @@ def _resolve(options: Mapping[str, Any] | None, mode: str | None) -> Options:
     config.check_names(resolved.rewrite_limit or {}, [spec.name for spec in PIPELINE],
                        "pass", "rewrite_limit")
     if resolved.plan is not None:
-        Plan.load(resolved.plan)
+        load_plans(resolved.plan)
     return resolved
 
 

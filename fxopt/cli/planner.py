@@ -86,6 +86,7 @@ def _plan(args: argparse.Namespace) -> int:
     from fxopt.planner.hardware import profile_for
     from fxopt.planner.joint import step_problem
     from fxopt.planner.ledger import BudgetLedger
+    from fxopt.planner.plan import save_plans
     from fxopt.planner.solvers.fraction import solve_fraction
     from fxopt.planner.step import plan_step
     from fxopt.planner.symbolic import symbolic_step
@@ -108,6 +109,7 @@ def _plan(args: argparse.Namespace) -> int:
     codegen, _ = choose_codegen(Options(), torch.device(device or "cpu"))
     joints = capture_joints(model, inputs, dynamic=args.dynamic)
     ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
+    plans = []
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source})")
     for index, joint in enumerate(joints):
@@ -139,8 +141,7 @@ def _plan(args: argparse.Namespace) -> int:
                   f"tensors not kept{'' if plan.feasible else ', OVER BUDGET'}")
             lowest_peak = min((p.peak_bytes for p in frontier.points), default=None)
             print(plan.table(None if "fraction" in plan.extra else lowest_peak))
-            if args.save:
-                print(f"plan saved: {plan.save(_per_graph(args.save, index, len(joints)))}")
+            plans.append(plan)
         png = args.png or (args.save and Path(args.save).with_suffix(".frontier.png"))
         if png:
             _draw(frontier, _per_graph(png, index, len(joints)), f"{args.target} g{index}",
@@ -148,6 +149,9 @@ def _plan(args: argparse.Namespace) -> int:
         if args.dynamic:
             _print_symbolic(symbolic_step(joint.gm, joint.num_fwd_outputs, hardware), fit,
                             args.symbol)
+    if args.save:
+        print(f"plan saved: {save_plans(plans, args.save)}"
+              f"{f' ({len(plans)} graphs)' if len(plans) > 1 else ''}")
     return 0
 
 

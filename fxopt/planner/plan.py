@@ -10,6 +10,8 @@ A plan is keyed by its joint graph's fingerprint (:func:`graph_fingerprint`: eve
 name, target, shapes and dtypes), so a plan replays only on the graph it was made for;
 :meth:`Plan.check_fingerprint` refuses another one (other sizes included) naming the first node
 that differs. A file that is not a plan, or a plan of another version, is refused at load.
+A model with graph breaks has one plan per graph, saved together in one file
+(:func:`save_plans`); each graph replays the plan of its own fingerprint.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.solvers.fraction import FractionDecision, SavedBytesProblem
 from fxopt.units import format_bytes
 
-__all__ = ["PLAN_VERSION", "Plan", "graph_fingerprint"]
+__all__ = ["PLAN_VERSION", "Plan", "graph_fingerprint", "load_plans", "plan_for_graph",
+           "save_plans"]
 
 PLAN_VERSION = 2  # 2: plans carry their graph's fingerprint
 
@@ -175,20 +178,52 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """The plan in ``path``; a ``ValueError`` naming the file when it is not one."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"fxopt: {path} is not a plan (bad JSON: {error})") from error
-        except (OSError, UnicodeDecodeError) as error:
-            raise ValueError(f"fxopt: cannot read the plan {path}: {error}") from error
-        if not isinstance(data, dict):
-            raise ValueError(f"fxopt: {path} is not a plan (a JSON object is expected)")
-        try:
-            return cls.from_dict(data)
-        except ValueError as error:
-            reason = str(error).removeprefix("fxopt: ")
-            raise ValueError(f"fxopt: {path} is not a usable plan: {reason}") from None
+        """The one plan in ``path``; a ``ValueError`` naming the file when it is not one (or
+        holds several graphs' plans: :func:`load_plans`)."""
+        plans = load_plans(path)
+        if len(plans) != 1:
+            raise ValueError(f"fxopt: {path} holds the plans of {len(plans)} graphs; read it "
+                             "with fxopt.planner.plan.load_plans")
+        return plans[0]
+
+
+def save_plans(plans: list[Plan], path: str | Path) -> Path:
+    """Write one plan as it is, or a model's several (one per graph) as ``{"graphs": [...]}``;
+    compiling with ``plan=path`` replays each graph's own (:func:`plan_for_graph`)."""
+    if len(plans) == 1:
+        return plans[0].save(path)
+    path = Path(path)
+    data = {"graphs": [plan.to_dict() for plan in plans]}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_plans(path: str | Path) -> list[Plan]:
+    """The plans in ``path`` (one, or a model's, see :func:`save_plans`); a ``ValueError``
+    naming the file when it is not a plan file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"fxopt: {path} is not a plan (bad JSON: {error})") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"fxopt: cannot read the plan {path}: {error}") from error
+    if not isinstance(data, dict):
+        raise ValueError(f"fxopt: {path} is not a plan (a JSON object is expected)")
+    many = list(data) == ["graphs"]
+    if many and (not isinstance(data["graphs"], list) or not data["graphs"]
+                 or not all(isinstance(d, dict) for d in data["graphs"])):
+        raise ValueError(f"fxopt: {path} is not a plan ('graphs' must be a list of plans)")
+    try:
+        return [Plan.from_dict(d) for d in (data["graphs"] if many else [data])]
+    except ValueError as error:
+        reason = str(error).removeprefix("fxopt: ")
+        raise ValueError(f"fxopt: {path} is not a usable plan: {reason}") from None
+
+
+def plan_for_graph(plans: list[Plan], fingerprint: list[str]) -> Plan:
+    """The plan made for the graph of ``fingerprint``; else the first one, whose
+    :meth:`Plan.check_fingerprint` then names where the graphs differ."""
+    return next((plan for plan in plans if plan.fingerprint == fingerprint), plans[0])
 
 
 def graph_fingerprint(gm: fx.GraphModule) -> list[str]:

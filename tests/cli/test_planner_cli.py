@@ -12,6 +12,7 @@ from fxopt.cli.planner import load_target
 from fxopt.compiler import Backend
 from fxopt.planner import Plan, profile_for
 from fxopt.planner.hardware import CPU_DEFAULT, cache_path, load_calibrated, save_calibrated
+from fxopt.planner.plan import load_plans
 
 TARGET = str(Path(__file__).with_name("plan_targets.py"))
 
@@ -88,6 +89,34 @@ def test_the_saved_plan_is_the_one_compilation_builds_and_replays(budget, tmp_pa
             == {k: v for k, v in saved.items() if k not in ignored})
     assert replayed["plan"]["actions"] == saved["actions"] and replayed["plan"]["solver"] == "plan"
     assert replayed["plan"]["predictions"] == saved["predictions"]
+    assert all(torch.equal(a, b) for a, b in zip(solved_grads, replayed_grads, strict=True))
+
+
+def test_a_model_with_a_graph_break_saves_one_plan_file_that_replays_each_graph(tmp_path,
+                                                                              capsys):
+    plan_path, target = tmp_path / "plan.json", f"{TARGET}:graph_break"
+    assert main(["plan", target, "--budget", "0.4", "--points", "2", "--save",
+                 str(plan_path)]) == 0
+    assert "plan saved: " in capsys.readouterr().out
+    saved = load_plans(plan_path)
+    assert [p.graph for p in saved] == ["g0", "g1"] and all(p.actions for p in saved)
+
+    def step(options):
+        model, (x,) = load_target(target)
+        backend = Backend(options)
+        torch.compile(model, backend=backend)(x).sum().backward()
+        stats = [r.stats for g in backend.graphs for r in g.passes
+                 if r.name == "swap_recompute"]
+        return stats, [p.grad for p in model.parameters()]
+
+    solved, solved_grads = step({"memory_budget": 0.4})
+    replayed, replayed_grads = step({"plan": str(plan_path)})
+    assert [s["plan"]["actions"] for s in solved] == [p.actions for p in saved]
+    assert [s["plan"]["solver"] for s in replayed] == ["plan", "plan"]
+    assert [s["plan"]["actions"] for s in replayed] == [p.actions for p in saved]
+    # the second graph's share is what the model's budget leaves after the first
+    assert solved[1]["share_bytes"] == (int(0.4 * solved[1]["model_plain_saved_bytes"])
+                                        - solved[0]["saved_bytes_after"])
     assert all(torch.equal(a, b) for a, b in zip(solved_grads, replayed_grads, strict=True))
 
 

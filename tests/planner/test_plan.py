@@ -12,7 +12,7 @@ from fxopt.config import parse_memory_budget
 from fxopt.planner import peak_bytes, profile_for
 from fxopt.planner.hardware import KNOWN_GPUS
 from fxopt.planner.joint import step_problem
-from fxopt.planner.plan import Plan
+from fxopt.planner.plan import Plan, load_plans, plan_for_graph, save_plans
 from fxopt.planner.step import budget_bytes_for, plan_step
 
 
@@ -88,11 +88,25 @@ def test_without_a_budget_everything_is_kept(joint):
     ("not json", "bad JSON"),
     ("[1, 2]", "JSON object"),
     (json.dumps({"bogus": 1}), "unknown plan fields"),
+    (json.dumps({"graphs": []}), "'graphs' must be a list of plans"),
+    (json.dumps({"graphs": [{"bogus": 1}]}), "unknown plan fields"),
 ])
 def test_bad_plan_files_are_refused(tmp_path, text, error):
     path = tmp_path / "plan.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=error):
+        Plan.load(path)
+
+
+def test_a_model_plan_file_holds_each_graphs_plan_found_by_fingerprint(joint, tmp_path):
+    _, problem = step_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"), name="g0")
+    first = plan_step(problem, parse_memory_budget(0.5), profile_for("cpu"))
+    other = Plan.from_dict({**first.to_dict(), "graph": "g1", "fingerprint": ["x"]})
+    path = save_plans([other, first], tmp_path / "plan.json")
+    plans = load_plans(path)
+    assert plans == [other, first]
+    assert plan_for_graph(plans, list(problem.fingerprint)) == first
+    with pytest.raises(ValueError, match="holds the plans of 2 graphs"):
         Plan.load(path)
 
 

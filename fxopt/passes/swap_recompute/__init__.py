@@ -34,6 +34,7 @@ from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
 from fxopt.planner import InfeasibleBudget, Plan, plan_step, profile_for
 from fxopt.planner.joint import step_problem
+from fxopt.planner.plan import load_plans, plan_for_graph
 
 __all__ = ["swap_recompute", "InfeasibleBudget", "place_prefetches", "SWAP_OPS"]
 
@@ -42,13 +43,15 @@ log = logging.getLogger(__name__)
 
 def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     budget = ctx.options.memory_budget
-    saved_plan = Plan.load(ctx.options.plan) if ctx.options.plan is not None else None
-    if budget is None and saved_plan is None:
+    saved_plans = load_plans(ctx.options.plan) if ctx.options.plan is not None else None
+    if budget is None and saved_plans is None:
         return PassResult(gm, False, {"reason": "no memory_budget set: nothing to bound"})
     profile = profile_for(ctx.device)
     analysis, problem = step_problem(gm, ctx.facts["num_fwd_outputs"], profile,
                                      codegen=ctx.options.codegen,
                                      force_swap=ctx.options.force_swap, name=ctx.graph_name)
+    saved_plan = (plan_for_graph(saved_plans, list(problem.fingerprint))
+                  if saved_plans is not None else None)
     plan = plan_step(problem, budget, profile,
                      solver="milp" if ctx.options.planner_enabled else "delta",
                      replay=saved_plan, strict=ctx.options.strict,
