@@ -65,3 +65,10 @@ def test_what_an_earlier_graph_leaves_unused_is_the_next_graphs():
     ledger.record("g1", 1000, 700, 900)        # above its share (its floor)
     assert ledger.share_for(0.5, 400) == 0     # 0.5 x 2400 - 1200: nothing left
     assert (ledger.plain_bytes, ledger.kept_bytes) == (2000, 1200)
+
+
+def test_explain_shows_each_graphs_share_of_the_models_budget():
+    report = fxopt.explain(BrokenMLP(), torch.randn(64, 48), options={"memory_budget": 0.5})
+    text = str(report)
+    assert text.count("of the model's budget, graph") == 2, text
+    assert "graph 1: the model keeps" in text and "graph 2: the model keeps" in text
