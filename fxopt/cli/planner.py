@@ -41,6 +41,9 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
                       "(model, example_inputs)")
     plan.add_argument("--budget", help="solve this memory budget (bytes, 6GiB, 50%%, 0.5)")
     plan.add_argument("--save", metavar="PLAN_JSON", help="write the plan (with --budget)")
+    plan.add_argument("--joint", action="store_true", help="with a fraction --budget and "
+                      "graph breaks: split it by the graphs' frontiers, all graphs known at "
+                      "once (compilation, one graph at a time, replays it with plan=)")
     plan.add_argument("--points", type=int, default=12, help="budgets on the frontier")
     plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib; "
                       "with --save, drawn next to the plan by default)")
@@ -85,7 +88,7 @@ def _plan(args: argparse.Namespace) -> int:
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
     from fxopt.planner.joint import step_problem
-    from fxopt.planner.ledger import BudgetLedger
+    from fxopt.planner.ledger import BudgetLedger, split_by_frontiers
     from fxopt.planner.plan import save_plans
     from fxopt.planner.solvers.fraction import solve_fraction
     from fxopt.planner.step import plan_step
@@ -110,11 +113,15 @@ def _plan(args: argparse.Namespace) -> int:
     joints = capture_joints(model, inputs, dynamic=args.dynamic)
     ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
     plans = []
+    problems = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
+                             name=f"g{index}")[1] for index, joint in enumerate(joints)]
+    shares: list[int | None] = [None] * len(joints)
+    joint_split = args.joint and budget is not None and budget.fraction is not None
+    if joint_split:
+        shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
-          f"({hardware.source})")
-    for index, joint in enumerate(joints):
-        _, problem = step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
-                                  name=f"g{index}")
+          f"({hardware.source}){'; budget split by the frontiers' if joint_split else ''}")
+    for index, (joint, problem) in enumerate(zip(joints, problems, strict=True)):
         print(f"\ng{index}: keep-all peak {format_bytes(problem.keep_all_peak_bytes)}, "
               f"activations {format_bytes(problem.activation_bytes)}, predicted "
               f"step {1e3 * problem.step_seconds:.3f} ms; "
@@ -129,7 +136,7 @@ def _plan(args: argparse.Namespace) -> int:
         plan = None
         if budget is not None:
             plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
-                             ledger=ledger)
+                             ledger=ledger, share_bytes=shares[index])
             if "saved_bytes" in plan.predictions:
                 reached = (f"predicted saved bytes "
                            f"{format_bytes(int(plan.predictions['saved_bytes']))} (share "

@@ -25,13 +25,21 @@ backend=fxopt.backend(memory_budget=0.5))``); the string backend ``backend="fxop
 a backend per graph, so each graph is then held to ``f`` of its own. ``fxopt plan`` keeps
 a ledger over the graphs it captures, in the same order, so it shows the shares
 compilation gives.
+
+Where every graph is known at once (``fxopt plan --joint``, which captures the whole step
+first), :func:`split_by_frontiers` splits the budget by the graphs' time-vs-saved-bytes
+paths instead: every graph starts at its floor and the bytes left go, a step of one
+graph's path at a time, where they save the most predicted seconds per byte (the cheapest
+bytes first). Compilation replays such a split from the saved plans (``plan=``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["BudgetLedger", "GraphShare"]
+from fxopt.planner.solvers.fraction import SavedBytesProblem, solve_fraction
+
+__all__ = ["BudgetLedger", "GraphShare", "split_by_frontiers"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +75,33 @@ class BudgetLedger:
     @property
     def kept_bytes(self) -> int:
         return sum(s.kept_bytes for s in self.shares)
+
+
+def split_by_frontiers(problems: list[SavedBytesProblem], fraction: float) -> list[int]:
+    """Each graph's share of ``fraction`` x the plain saved bytes of all ``problems``, from
+    their search paths (:func:`fxopt.planner.solvers.fraction.solve_fraction`): from every
+    graph's floor, repeatedly move one graph along its path to the state that saves the
+    most seconds per byte added and still fits; the shares are the states' kept bytes
+    (the floors, where even they do not fit)."""
+    paths = []
+    for problem in problems:
+        path = solve_fraction(problem, 0).path
+        floor = min(range(len(path)), key=lambda i: (path[i][0], path[i][1]))
+        paths.append(path[floor:])
+    at = [0] * len(paths)
+    left = int(fraction * sum(p.plain_bytes for p in problems)) - sum(p[0][0] for p in paths)
+    while True:
+        best = None  # (seconds saved per byte, graph, state)
+        for graph, path in enumerate(paths):
+            kept, seconds = path[at[graph]]
+            for state in range(at[graph] + 1, len(path)):
+                added, saved = path[state][0] - kept, seconds - path[state][1]
+                if added <= left and saved > 0:
+                    rate = saved / max(added, 1)
+                    if best is None or rate > best[0]:
+                        best = (rate, graph, state)
+        if best is None:
+            return [path[i][0] for path, i in zip(paths, at, strict=True)]
+        _, graph, state = best
+        left -= paths[graph][state][0] - paths[graph][at[graph]][0]
+        at[graph] = state

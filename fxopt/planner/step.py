@@ -24,7 +24,8 @@ What a budget means, and who decides it:
   byte budget below the parameters and inputs warns that a fraction was probably meant.
 - ``ledger``: the model's :class:`~fxopt.planner.ledger.BudgetLedger`: a fraction is then
   the model's, shared by its graphs (:mod:`fxopt.planner.ledger`), and the graph's share
-  is recorded in it.
+  is recorded in it; ``share_bytes`` (from :func:`~fxopt.planner.ledger.
+  split_by_frontiers`) sets the share instead.
 - ``replay``: a saved plan, checked against the problem's fingerprint (another graph is
   refused naming the first node that differs) and returned as saved: the user's choice,
   neither warned about nor refused for missing its budget.
@@ -78,8 +79,8 @@ class StepProblem:
 
 def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
               solver: str = "milp", replay: Plan | None = None, strict: bool = False,
-              time_limit: float = DEFAULT_TIME_LIMIT, ledger: BudgetLedger | None = None
-              ) -> Plan:
+              time_limit: float = DEFAULT_TIME_LIMIT, ledger: BudgetLedger | None = None,
+              share_bytes: int | None = None) -> Plan:
     """The plan for ``problem`` under ``budget`` (``fxopt.config.MemoryBudget``, or None:
     keep everything, or replay ``replay``) on ``hardware``; see the module doc."""
     if solver not in SOLVERS:
@@ -90,9 +91,9 @@ def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
     fraction = getattr(budget, "fraction", None)
     if replay is not None and "fraction" in replay.extra:
         plan = _fraction_plan(problem, replay.extra["fraction"], hardware, strict, replay,
-                              ledger)
+                              ledger, share_bytes)
     elif replay is None and fraction is not None and not problem.fraction_bounds_peak:
-        plan = _fraction_plan(problem, fraction, hardware, strict, None, ledger)
+        plan = _fraction_plan(problem, fraction, hardware, strict, None, ledger, share_bytes)
     else:
         plan = _peak_plan(problem, budget, hardware, solver, replay, strict, time_limit)
     plan.graph = problem.graph
@@ -119,11 +120,16 @@ def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> 
 
 
 def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProfile,
-                   strict: bool, replay: Plan | None, ledger: BudgetLedger | None) -> Plan:
+                   strict: bool, replay: Plan | None, ledger: BudgetLedger | None,
+                   share_bytes: int | None) -> Plan:
     saved = problem.saved_bytes
     shared = ledger is not None and bool(ledger.shares)  # graphs before this one
-    target = (ledger.share_for(fraction, saved.plain_bytes) if ledger is not None
-              else int(fraction * saved.plain_bytes))
+    if share_bytes is not None:
+        target = share_bytes
+    elif ledger is not None:
+        target = ledger.share_for(fraction, saved.plain_bytes)
+    else:
+        target = int(fraction * saved.plain_bytes)
     if replay is None:
         decision = solve_fraction(saved, target)
     else:

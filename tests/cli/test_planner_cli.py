@@ -120,6 +120,21 @@ def test_a_model_with_a_graph_break_saves_one_plan_file_that_replays_each_graph(
     assert all(torch.equal(a, b) for a, b in zip(solved_grads, replayed_grads, strict=True))
 
 
+def test_joint_splits_a_fraction_by_the_graphs_frontiers(tmp_path, capsys):
+    target, totals = f"{TARGET}:graph_break", {}
+    for flags in ([], ["--joint"]):
+        path = tmp_path / f"plan{len(flags)}.json"
+        assert main(["plan", target, "--budget", "0.3", "--points", "2", "--save", str(path),
+                     *flags]) == 0
+        plans = load_plans(path)
+        saved, plain = (sum(p.predictions[k] for p in plans)
+                        for k in ("saved_bytes", "plain_saved_bytes"))
+        assert saved <= 0.3 * plain
+        totals[bool(flags)] = sum(p.predictions["added_seconds"] for p in plans)
+    assert "budget split by the frontiers" in capsys.readouterr().out
+    assert totals[True] <= totals[False]  # never slower than the one-at-a-time split
+
+
 @pytest.mark.parametrize("argv, error", [
     (["plan", f"{TARGET}:not_a_pair"], "must return (model, example_inputs)"),
     (["plan", f"{TARGET}:nope"], "has no function 'nope'"),

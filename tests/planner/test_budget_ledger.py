@@ -8,7 +8,8 @@ from torch import nn
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
-from fxopt.planner.ledger import BudgetLedger
+from fxopt.planner.ledger import BudgetLedger, split_by_frontiers
+from fxopt.planner.solvers.fraction import RecomputeOption, SavedBytesProblem, solve_fraction
 from fxopt.testing import assert_same_as_eager
 
 
@@ -72,3 +73,22 @@ def test_explain_shows_each_graphs_share_of_the_models_budget():
     text = str(report)
     assert text.count("of the model's budget, graph") == 2, text
     assert "graph 1: the model keeps" in text and "graph 2: the model keeps" in text
+
+
+def _one_tensor_graph(name, seconds):
+    """A graph with one 100-byte saved tensor whose recompute costs ``seconds``."""
+    return SavedBytesProblem({name: 100}, (), (RecomputeOption(name, (name,), (f"n{name}",)),),
+                             {f"n{name}": seconds})
+
+
+def test_split_by_frontiers_gives_the_bytes_where_they_save_the_most_time():
+    costly, cheap = _one_tensor_graph("a", 10.0), _one_tensor_graph("b", 1.0)
+    # compiled one at a time, the first graph gets half of its own and must recompute
+    ledger = BudgetLedger()
+    first = solve_fraction(costly, ledger.share_for(0.5, costly.plain_bytes))
+    assert first.recompute == ("a",) and first.added_seconds == 10.0
+    # known together, the budget's 100 bytes go to the costly graph: 1 s instead of 10 s
+    assert split_by_frontiers([costly, cheap], 0.5) == [100, 0]
+    assert split_by_frontiers([cheap, costly], 0.5) == [0, 100]
+    assert split_by_frontiers([costly, cheap], 0.0) == [0, 0]  # the floors
+    assert split_by_frontiers([costly, cheap], 1.0) == [100, 100]
