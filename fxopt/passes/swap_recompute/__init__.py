@@ -30,9 +30,10 @@ import logging
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
-from fxopt.planner import InfeasibleBudget, Plan, plan_step, profile_for
+from fxopt.planner import InfeasibleBudget, Plan, StepProblem, plan_step, profile_for
 from fxopt.planner.joint import step_problem
 from fxopt.planner.plan import load_plans, plan_for_graph
 
@@ -109,7 +110,8 @@ def _fraction_stats(plan: Plan) -> dict[str, object]:
     }
 
 
-def _peak_stats(budget: object, problem: object, plan: Plan) -> dict[str, object]:
+def _peak_stats(budget: MemoryBudget | None, problem: StepProblem, plan: Plan
+                ) -> dict[str, object]:
     counts = {a: sum(1 for v in plan.actions.values() if v == a) for a in ("recompute", "swap")}
     return {
         "budget": str(budget if budget is not None else f"{plan.budget_bytes} bytes"),
