@@ -220,9 +220,15 @@ def load_plans(path: str | Path) -> list[Plan]:
         raise ValueError(f"fxopt: {path} is not a usable plan: {reason}") from None
 
 
-def plan_for_graph(plans: list[Plan], fingerprint: list[str]) -> Plan:
-    """The plan made for the graph of ``fingerprint``; else the first one, whose
-    :meth:`Plan.check_fingerprint` then names where the graphs differ."""
+def plan_for_graph(plans: list[Plan], fingerprint: list[str], position: int | None = None
+                   ) -> Plan:
+    """The plan made for the graph of ``fingerprint``: the one at ``position`` (the graph's
+    place in compilation order) when it is, as two identical graphs of one model may have
+    different plans under a shared fraction; else the first that is; else the first plan,
+    whose :meth:`Plan.check_fingerprint` then names where the graphs differ."""
+    if position is not None and position < len(plans) \
+            and plans[position].fingerprint == fingerprint:
+        return plans[position]
     return next((plan for plan in plans if plan.fingerprint == fingerprint), plans[0])
 
 

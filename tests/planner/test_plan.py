@@ -106,6 +106,11 @@ def test_a_model_plan_file_holds_each_graphs_plan_found_by_fingerprint(joint, tm
     plans = load_plans(path)
     assert plans == [other, first]
     assert plan_for_graph(plans, list(problem.fingerprint)) == first
+    twin = Plan.from_dict({**first.to_dict(), "graph": "g2", "actions": {}})
+    plans = [first, other, twin]  # two identical graphs: each replays its own plan
+    assert plan_for_graph(plans, list(problem.fingerprint), 2) == twin
+    assert plan_for_graph(plans, list(problem.fingerprint), 0) == first
+    assert plan_for_graph(plans, list(problem.fingerprint), 1) == first  # g1 is another graph
     with pytest.raises(ValueError, match="holds the plans of 2 graphs"):
         Plan.load(path)
 

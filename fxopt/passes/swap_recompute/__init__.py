@@ -51,12 +51,14 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     analysis, problem = step_problem(gm, ctx.facts["num_fwd_outputs"], profile,
                                      codegen=ctx.options.codegen,
                                      force_swap=ctx.options.force_swap, name=ctx.graph_name)
-    saved_plan = (plan_for_graph(saved_plans, list(problem.fingerprint))
+    ledger = ctx.budget_ledger  # its graphs so far: this graph's place in the model
+    saved_plan = (plan_for_graph(saved_plans, list(problem.fingerprint),
+                                 len(ledger.shares) if ledger is not None else None)
                   if saved_plans is not None else None)
     plan = plan_step(problem, budget, profile,
                      solver="milp" if ctx.options.planner_enabled else "delta",
                      replay=saved_plan, strict=ctx.options.strict,
-                     ledger=ctx.budget_ledger)
+                     ledger=ledger)
     fraction = "fraction" in plan.extra
     stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
     if plan.actions:  # the plan in the report and the debug dump, loadable by `plan`
