@@ -103,6 +103,8 @@ def _plan(args: argparse.Namespace) -> int:
             raise ValueError("--fit takes bytes (e.g. 6GiB) and needs --dynamic")
         if args.save and budget is None:
             raise ValueError("--save needs --budget")
+        if args.joint and (budget is None or budget.fraction is None):
+            raise ValueError("--joint splits a fraction: give --budget as one (e.g. 0.5)")
     except (ValueError, TypeError, ImportError) as error:
         print(f"fxopt plan: {str(error).removeprefix('fxopt: ')}", file=sys.stderr)
         return 2
@@ -116,11 +118,10 @@ def _plan(args: argparse.Namespace) -> int:
     problems = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
                              name=f"g{index}")[1] for index, joint in enumerate(joints)]
     shares: list[int | None] = [None] * len(joints)
-    joint_split = args.joint and budget is not None and budget.fraction is not None
-    if joint_split:
+    if args.joint:
         shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
-          f"({hardware.source}){'; budget split by the frontiers' if joint_split else ''}")
+          f"({hardware.source}){'; budget split by the frontiers' if args.joint else ''}")
     for index, (joint, problem) in enumerate(zip(joints, problems, strict=True)):
         print(f"\ng{index}: keep-all peak {format_bytes(problem.keep_all_peak_bytes)}, "
               f"activations {format_bytes(problem.activation_bytes)}, predicted "

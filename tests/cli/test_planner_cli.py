@@ -140,6 +140,7 @@ def test_joint_splits_a_fraction_by_the_graphs_frontiers(tmp_path, capsys):
     (["plan", f"{TARGET}:nope"], "has no function 'nope'"),
     (["plan", "missing_file.py"], "no such script"),
     (["plan", TARGET, "--save", "p.json"], "--save needs --budget"),
+    (["plan", TARGET, "--budget", "1MiB", "--joint"], "--joint splits a fraction"),
     (["plan", TARGET, "--fit", "1GiB"], "needs --dynamic"),
     (["plan", TARGET, "--budget", "6 gigs"], "fxopt plan: cannot read --budget '6 gigs'"),
     (["plan", TARGET, "--budget", "0.0000001KB"], "rounds to 0 bytes"),
