@@ -19,8 +19,8 @@ import time
 
 from fxopt.planner import ActivationChoice, ActivationProblem, SavedActivation
 from fxopt.planner.frontier import pareto_frontier
-from fxopt.planner.greedy import solve_greedy
-from fxopt.planner.milp import lowest_peak, solve_activations
+from fxopt.planner.solvers.greedy import solve_greedy
+from fxopt.planner.solvers.milp import lowest_peak, solve_activations
 
 
 def synthetic_problem(layers: int, per_layer: int, *, seed: int = 0, budget: int = 0,

@@ -42,7 +42,8 @@ from fxopt.codegen import choose_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
-from fxopt.planner.plan import Plan
+from fxopt.planner.ledger import BudgetLedger
+from fxopt.planner.plan import load_plans
 
 __all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
 
@@ -105,6 +106,10 @@ class Backend:
     AOTAutograd without fxopt's passes whenever a pre-autograd pass changed it, so that
     ``memory["autograd"]`` is plain autograd's and not the pre-autograd passes' result; it
     costs one more AOTAutograd trace per such graph, hence off for ordinary compilation.
+
+    A fraction ``memory_budget`` is the model's: the graphs this backend compiles share it
+    through one :class:`~fxopt.planner.ledger.BudgetLedger` (``budget_ledger``), so use
+    one backend per model.
     """
 
     def __init__(self, options: Mapping[str, Any] | None = None, mode: str | None = None,
@@ -116,6 +121,7 @@ class Backend:
         self._instruments = tuple(instruments)
         self._plain_baseline = plain_baseline
         self.graphs: list[GraphRecord] = []
+        self.budget_ledger = BudgetLedger()
 
     def __repr__(self) -> str:  # Dynamo's error messages name the backend with this
         arguments = [f"{k}={v!r}" for k, v in self._options.items()]
@@ -131,7 +137,7 @@ class Backend:
         options = {**self._options, **(kwargs.get("options") or {})}
         resolved = _resolve(options, kwargs.get("mode", self._mode))
         compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments,
-                                  self._plain_baseline)
+                                  self._plain_baseline, self.budget_ledger)
         self.graphs.append(compiler.record)
         return compiler.compile(gm, example_inputs)
 
@@ -157,7 +163,7 @@ def _resolve(options: Mapping[str, Any] | None, mode: str | None) -> Options:
     config.check_names(resolved.rewrite_limit or {}, [spec.name for spec in PIPELINE],
                        "pass", "rewrite_limit")
     if resolved.plan is not None:
-        Plan.load(resolved.plan)
+        load_plans(resolved.plan)
     return resolved
 
 
@@ -179,9 +185,11 @@ class _GraphCompiler:
     """Compiles one Dynamo graph: runs the stages and keeps the record."""
 
     def __init__(self, options: Options, name: str, instruments: tuple[Instrument, ...],
-                 plain_baseline: bool = False) -> None:
+                 plain_baseline: bool = False, budget_ledger: BudgetLedger | None = None
+                 ) -> None:
         self.options = options
         self.plain_baseline = plain_baseline
+        self.budget_ledger = budget_ledger
         self.record = GraphRecord(name=name, options=options)
         self.instruments = instruments + _debug_instruments(options)
         self.device = torch.device("cpu")
@@ -242,7 +250,8 @@ class _GraphCompiler:
             options=self.options, stage=stage, graph_kind=kind,
             graph_name=f"{self.record.name}/{kind.value}", device=self.device,
             example_inputs=tuple(example_inputs),
-            estimate_memory=estimate or (lambda gm: None), facts=dict(facts))
+            estimate_memory=estimate or (lambda gm: None), facts=dict(facts),
+            budget_ledger=self.budget_ledger)
 
     # AOTAutograd calls the methods below.
 

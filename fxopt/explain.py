@@ -209,10 +209,16 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
         return []
     fits = "fits" if stats["feasible"] else "NOT reachable"
     if "saved_bytes_after" in stats:  # a fraction budget: bytes kept for backward
+        share = (f"share {_mib(stats['share_bytes'])} MiB of the model's budget, graph "
+                 f"{stats['model_graphs']}: the model keeps "
+                 f"{_mib(stats['model_saved_bytes_after'])} of "
+                 f"{_mib(stats['model_plain_saved_bytes'])} MiB so far"
+                 if "share_bytes" in stats else
+                 f"bound {_mib(stats['target_saved_bytes'])} MiB")
         head = (f"      predicted saved bytes {_mib(stats['plain_saved_bytes'])} -> "
-                f"{_mib(stats['saved_bytes_after'])} MiB (bound "
-                f"{_mib(stats['target_saved_bytes'])} MiB, floor {stats['floor_fraction']:.3f}"
-                f" = {_mib(stats['floor_bytes'])} MiB, {fits}; {plan['solver']})")
+                f"{_mib(stats['saved_bytes_after'])} MiB ({share}, floor "
+                f"{stats['floor_fraction']:.3f} = {_mib(stats['floor_bytes'])} MiB, {fits}; "
+                f"{plan['solver']})")
     else:
         head = (f"      predicted peak {_mib(stats['peak_before'])} -> "
                 f"{_mib(stats['peak_after'])} MiB (bound {_mib(stats['budget_bytes'])} MiB, "

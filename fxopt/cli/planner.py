@@ -2,9 +2,12 @@
 
 ``fxopt plan TARGET`` captures one training step of a model and prints, per captured
 graph, the predicted keep-all peak and step time and the time-vs-memory Pareto frontier
-(``--png`` draws it); ``--budget 6GiB`` also solves that budget and ``--save plan.json``
-writes the plan; ``--dynamic`` captures with symbolic sizes and ``--fit 6GiB`` answers the
-largest batch that fits and its predicted throughput.
+(``--png`` draws it); ``--budget 6GiB`` also plans that budget with
+:func:`fxopt.planner.plan_step` (as compilation does) and prints the plan as a table
+(tensors recomputed, swapped and kept, predicted peak or saved bytes and step time, the
+floor), and ``--save plan.json`` writes it (and the frontier PNG next to it when
+matplotlib is installed); ``--dynamic`` captures with symbolic sizes and ``--fit 6GiB``
+answers the largest batch that fits and its predicted throughput.
 
 TARGET contract: ``package.module:function`` or ``path/to/file.py:function`` (the function
 defaults to ``fxopt_plan_target``). The function takes no arguments and returns
@@ -13,7 +16,7 @@ device to plan for). The step planned is ``model(*example_inputs)`` followed by 
 of the sum of its first tensor output (a scalar loss is itself).
 
 ``fxopt calibrate [--device cuda]`` measures the device and caches its profile
-(:mod:`fxopt.planner.calibrate`).
+(:mod:`fxopt.cli.calibrate`).
 """
 
 from __future__ import annotations
@@ -38,8 +41,12 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
                       "(model, example_inputs)")
     plan.add_argument("--budget", help="solve this memory budget (bytes, 6GiB, 50%%, 0.5)")
     plan.add_argument("--save", metavar="PLAN_JSON", help="write the plan (with --budget)")
+    plan.add_argument("--joint", action="store_true", help="with a fraction --budget and "
+                      "graph breaks: split it by the graphs' frontiers, all graphs known at "
+                      "once (compilation, one graph at a time, replays it with plan=)")
     plan.add_argument("--points", type=int, default=12, help="budgets on the frontier")
-    plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib)")
+    plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib; "
+                      "with --save, drawn next to the plan by default)")
     plan.add_argument("--time-limit", type=float, default=10.0,
                       help="seconds per MILP solve (default 10)")
     plan.add_argument("--dynamic", action="store_true",
@@ -73,12 +80,18 @@ def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from fxopt.config import parse_memory_budget
-    from fxopt.planner.capture import capture_joints
+    import torch
+
+    from fxopt.cli.capture import capture_joints
+    from fxopt.codegen import choose_codegen
+    from fxopt.config import Options, parse_memory_budget
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
-    from fxopt.planner.joint import activation_problem
-    from fxopt.planner.plan import plan_for_joint_graph, saved_bytes_floor
+    from fxopt.planner.joint import step_problem
+    from fxopt.planner.ledger import BudgetLedger, split_by_frontiers
+    from fxopt.planner.plan import save_plans
+    from fxopt.planner.solvers.fraction import solve_fraction
+    from fxopt.planner.step import plan_step
     from fxopt.planner.symbolic import symbolic_step
     from fxopt.units import format_bytes
 
@@ -90,54 +103,80 @@ def _plan(args: argparse.Namespace) -> int:
             raise ValueError("--fit takes bytes (e.g. 6GiB) and needs --dynamic")
         if args.save and budget is None:
             raise ValueError("--save needs --budget")
+        if args.joint and (budget is None or budget.fraction is None):
+            raise ValueError("--joint splits a fraction: give --budget as one (e.g. 0.5)")
     except (ValueError, TypeError, ImportError) as error:
         print(f"fxopt plan: {str(error).removeprefix('fxopt: ')}", file=sys.stderr)
         return 2
     device = next((t.device for t in inputs if hasattr(t, "device")), None)
     hardware = profile_for(device or "cpu")
+    # the problem compilation builds with the default options on this device
+    codegen, _ = choose_codegen(Options(), torch.device(device or "cpu"))
     joints = capture_joints(model, inputs, dynamic=args.dynamic)
+    ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
+    plans = []
+    problems = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
+                             name=f"g{index}")[1] for index, joint in enumerate(joints)]
+    shares: list[int | None] = [None] * len(joints)
+    if args.joint:
+        shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
-          f"({hardware.source})")
-    for index, joint in enumerate(joints):
-        analysis, problem = activation_problem(joint.gm, joint.num_fwd_outputs, hardware)
-        step = sum(analysis.step_seconds)
-        print(f"\ng{index}: keep-all peak {format_bytes(analysis.estimate.peak_bytes)}, "
-              f"activations {format_bytes(analysis.estimate.activation_bytes)}, predicted "
-              f"step {1e3 * step:.3f} ms; {len(problem.activations)} saved tensors")
-        floor = saved_bytes_floor(joint.gm, joint.num_fwd_outputs, hardware)
+          f"({hardware.source}){'; budget split by the frontiers' if args.joint else ''}")
+    for index, (joint, problem) in enumerate(zip(joints, problems, strict=True)):
+        print(f"\ng{index}: keep-all peak {format_bytes(problem.keep_all_peak_bytes)}, "
+              f"activations {format_bytes(problem.activation_bytes)}, predicted "
+              f"step {1e3 * problem.step_seconds:.3f} ms; "
+              f"{len(problem.activations.activations)} saved tensors")
+        floor = solve_fraction(problem.saved_bytes, 0)
         print(f"floor of a fraction budget (everything recomputable recomputed): "
               f"{floor.floor_fraction:.3f} of plain autograd's saved bytes "
               f"({format_bytes(floor.floor_bytes)} of {format_bytes(floor.plain_bytes)})")
-        frontier = pareto_frontier(problem, points=args.points, time_limit=args.time_limit,
-                                   step_seconds=step)
+        frontier = pareto_frontier(problem.activations, points=args.points,
+                                   time_limit=args.time_limit, step_seconds=problem.step_seconds)
         print(frontier.table())
-        if args.png:
-            png = Path(args.png)
-            if len(joints) > 1:
-                png = png.with_name(f"{png.stem}_g{index}{png.suffix}")
-            print(f"frontier drawn: {frontier.plot(png, title=f'{args.target} g{index}')}")
+        plan = None
         if budget is not None:
-            options = argparse.Namespace(memory_budget=budget)
-            plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs, options, hardware,
-                                        time_limit=args.time_limit, name=f"g{index}")
+            plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
+                             ledger=ledger, share_bytes=shares[index])
             if "saved_bytes" in plan.predictions:
                 reached = (f"predicted saved bytes "
-                           f"{format_bytes(int(plan.predictions['saved_bytes']))}")
+                           f"{format_bytes(int(plan.predictions['saved_bytes']))} (share "
+                           f"{format_bytes(plan.budget_bytes)} of the model's budget)")
             else:
                 reached = f"predicted peak {format_bytes(int(plan.predictions['peak_bytes']))}"
             print(f"budget {budget}: {reached}, +"
                   f"{1e3 * plan.predictions['added_seconds']:.3f} ms, {len(plan.actions)} "
-                  f"tensors not kept, {plan.solver} ({plan.status or 'done'}) in "
-                  f"{plan.planning_seconds:.2f} s{'' if plan.feasible else ', OVER BUDGET'}")
-            if args.save:
-                path = Path(args.save)
-                if len(joints) > 1:
-                    path = path.with_name(f"{path.stem}_g{index}{path.suffix}")
-                print(f"plan saved: {plan.save(path)}")
+                  f"tensors not kept{'' if plan.feasible else ', OVER BUDGET'}")
+            lowest_peak = min((p.peak_bytes for p in frontier.points), default=None)
+            print(plan.table(None if "fraction" in plan.extra else lowest_peak))
+            plans.append(plan)
+        png = args.png or (args.save and Path(args.save).with_suffix(".frontier.png"))
+        if png:
+            _draw(frontier, _per_graph(png, index, len(joints)), f"{args.target} g{index}",
+                  plan)
         if args.dynamic:
             _print_symbolic(symbolic_step(joint.gm, joint.num_fwd_outputs, hardware), fit,
                             args.symbol)
+    if args.save:
+        print(f"plan saved: {save_plans(plans, args.save)}"
+              f"{f' ({len(plans)} graphs)' if len(plans) > 1 else ''}")
     return 0
+
+
+def _per_graph(path: str | Path, index: int, graphs: int) -> Path:
+    path = Path(path)
+    return path.with_name(f"{path.stem}_g{index}{path.suffix}") if graphs > 1 else path
+
+
+def _draw(frontier: Any, png: Path, title: str, plan: Any) -> None:
+    """The frontier PNG, a byte plan marked on it; a line saying so when matplotlib is not
+    installed."""
+    chosen = (None if plan is None or "peak_bytes" not in plan.predictions else
+              (int(plan.predictions["peak_bytes"]), plan.predictions["added_seconds"]))
+    try:
+        print(f"frontier drawn: {frontier.plot(png, title=title, chosen=chosen)}")
+    except RuntimeError as error:  # matplotlib missing
+        print(f"frontier not drawn: {str(error).removeprefix('fxopt: ')}")
 
 
 def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
@@ -165,8 +204,8 @@ def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from fxopt.planner.calibrate import PLAUSIBLE_FACTOR, calibrate, implausible, save_calibrated
-    from fxopt.planner.hardware import default_profile
+    from fxopt.cli.calibrate import PLAUSIBLE_FACTOR, calibrate, implausible
+    from fxopt.planner.hardware import default_profile, save_calibrated
 
     sizes = {"size": 256, "copy_mib": 16, "adam_params": 1 << 18} if args.quick else {}
     try:

@@ -21,6 +21,7 @@ import torch.fx as fx
 if TYPE_CHECKING:
     from fxopt.analysis.memory import MemoryEstimate
     from fxopt.config import Options
+    from fxopt.planner.ledger import BudgetLedger
 
 __all__ = ["Stage", "GraphKind", "PassResult", "PassContext", "PassSpec", "RewriteCounter"]
 
@@ -80,6 +81,9 @@ class PassContext:
     rewrites: RewriteCounter = field(default_factory=RewriteCounter)
     # Stage-specific facts, e.g. {"num_fwd_outputs": 3} at the joint stage.
     facts: dict[str, Any] = field(default_factory=dict)
+    # The model's fraction budget, shared by the graphs one Backend compiles
+    # (fxopt.planner.ledger); None: this graph alone.
+    budget_ledger: BudgetLedger | None = None
 
     @property
     def is_cuda(self) -> bool:

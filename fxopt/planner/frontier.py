@@ -1,8 +1,8 @@
 """The predicted time-vs-memory Pareto frontier of a saved-activation problem.
 
 A user picks a budget from it: the first point is the lowest peak found
-(:func:`~fxopt.planner.milp.lowest_peak_plan`), then budgets are swept evenly up to the
-keep-all peak, each is solved (:func:`~fxopt.planner.milp.solve_activations`),
+(:func:`~fxopt.planner.solvers.milp.lowest_peak_plan`), then budgets are swept evenly up to the
+keep-all peak, each is solved (:func:`~fxopt.planner.solvers.milp.solve_activations`),
 and only the non-dominated (peak, added seconds) points are kept: a point is dropped when
 another has a peak and a time both no larger, one of them smaller. Shown as a text table
 and, where matplotlib is installed, a PNG.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fxopt.planner.activations import ActivationProblem, Decision
-from fxopt.planner.milp import DEFAULT_TIME_LIMIT, lowest_peak_plan, solve_activations
+from fxopt.planner.solvers.milp import DEFAULT_TIME_LIMIT, lowest_peak_plan, solve_activations
 from fxopt.units import format_bytes
 
 __all__ = ["Frontier", "FrontierPoint", "pareto_frontier", "non_dominated"]
@@ -56,8 +56,10 @@ class Frontier:
     def to_dict(self) -> dict[str, Any]:
         return {"step_seconds": self.step_seconds, "points": [asdict(p) for p in self.points]}
 
-    def plot(self, path: str | Path, title: str = "fxopt plan: predicted frontier") -> Path:
-        """Write the frontier as a PNG; needs matplotlib (``pip install fxopt[plot]``)."""
+    def plot(self, path: str | Path, title: str = "fxopt plan: predicted frontier", *,
+             chosen: tuple[int, float] | None = None) -> Path:
+        """Write the frontier as a PNG, with the ``chosen`` plan's (peak bytes, added
+        seconds) marked; needs matplotlib (``pip install fxopt[plot]``)."""
         try:
             import matplotlib
 
@@ -69,7 +71,11 @@ class Frontier:
         fig, ax = plt.subplots(figsize=(6, 4))
         peaks = [p.peak_bytes / 2**20 for p in self.points]
         times = [1e3 * (self.step_seconds + p.added_seconds) for p in self.points]
-        ax.step(peaks, times, where="post", marker="o")
+        ax.step(peaks, times, where="post", marker="o", label="frontier")
+        if chosen is not None:
+            ax.plot([chosen[0] / 2**20], [1e3 * (self.step_seconds + chosen[1])], "r*",
+                    markersize=14, label="the plan")
+            ax.legend()
         ax.set_xlabel("predicted peak memory (MiB)")
         ax.set_ylabel("predicted step time (ms)")
         ax.set_title(title)

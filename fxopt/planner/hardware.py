@@ -6,8 +6,9 @@ compute, where an optimizer subgroup should update) is a roofline against one pr
 ``host_device_bandwidth``. The defaults below are *achievable* rates, not datasheet peaks:
 about 70% of the dense datasheet FLOP rate and 80% of the memory bandwidth, and the pinned
 host<->device copy rate typically measured on each platform's PCIe generation. A measured
-profile (``fxopt calibrate``, cached on disk; :mod:`fxopt.planner.calibrate`) replaces them
-in :func:`profile_for`; ``source`` says which one a report is using.
+profile (``fxopt calibrate``, :mod:`fxopt.cli.calibrate`, cached on disk at
+:func:`cache_path`) replaces them in :func:`profile_for`; ``source`` says which one a
+report is using.
 
 On a CPU device there is no separate device memory: ``host_device_bandwidth`` is None and
 swapping to host memory frees nothing.
@@ -16,14 +17,21 @@ swapping to host memory frees nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = ["HardwareProfile", "profile_for", "default_profile", "device_key", "KNOWN_GPUS",
-           "CPU_DEFAULT"]
+           "CPU_DEFAULT", "cache_path", "load_calibrated", "save_calibrated"]
+
+log = logging.getLogger(__name__)
 
 _TERA = 1e12
 _GIGA = 1e9
@@ -140,9 +148,34 @@ def profile_for(device: torch.device | str, *, calibrated: bool = True) -> Hardw
     """The profile of ``device``: its ``fxopt calibrate`` measurement when one is cached
     (and ``calibrated``), else :func:`default_profile`."""
     if calibrated:
-        from fxopt.planner.calibrate import load_calibrated
-
         measured = load_calibrated(device)
         if measured is not None:
             return measured
     return default_profile(device)
+
+
+def cache_path(device: torch.device | str) -> Path:
+    """Where the calibrated profile of ``device`` is cached."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", device_key(torch.device(device)))
+    return root / "fxopt" / "hardware" / f"{key}.json"
+
+
+def load_calibrated(device: torch.device | str) -> HardwareProfile | None:
+    """The cached profile of ``device``, or None (no cache, or an unreadable one: logged)."""
+    path = cache_path(device)
+    if not path.is_file():
+        return None
+    try:
+        return HardwareProfile.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as error:
+        log.warning("fxopt: ignoring the unreadable hardware profile %s (%s); run "
+                    "`fxopt calibrate` again", path, error)
+        return None
+
+
+def save_calibrated(profile: HardwareProfile, device: torch.device | str) -> Path:
+    path = cache_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=1, sort_keys=True) + "\n")
+    return path

@@ -1,6 +1,6 @@
 """Build the saved-activation decision problem (:class:`fxopt.planner.ActivationProblem`)
-from AOTAutograd's joint graph: the one builder, used by the ``swap_recompute`` pass (which
-then applies the decision) and by the planner (``plan_for_joint_graph``, ``fxopt plan``).
+from AOTAutograd's joint graph: the one builder (:func:`step_problem`), used by the
+``swap_recompute`` pass (which then applies the plan) and by ``fxopt plan``.
 
 The timeline and the live bytes with everything kept are the memory simulation's
 (:func:`fxopt.analysis.estimate_joint_memory`): forward nodes, then tangents and backward
@@ -52,12 +52,14 @@ from fxopt.planner.activations import (
     ActivationProblem,
     SavedActivation,
 )
-from fxopt.planner.fraction import RecomputeOption, SavedBytesProblem
 from fxopt.planner.hardware import HardwareProfile
+from fxopt.planner.plan import graph_fingerprint
+from fxopt.planner.solvers.fraction import RecomputeOption, SavedBytesProblem, rng_state_bytes
+from fxopt.planner.step import StepProblem
 
-__all__ = ["RECOMPUTABLE_CUSTOM_OPS", "JointAnalysis", "activation_problem", "analyse_joint",
-           "build_problem", "group_chain", "is_random", "recomputable", "recompute_chain",
-           "saved_bytes_problem"]
+__all__ = ["RECOMPUTABLE_CUSTOM_OPS", "JointAnalysis", "analyse_joint", "build_problem",
+           "group_chain", "is_random", "recomputable", "recompute_chain",
+           "saved_bytes_problem", "step_problem"]
 
 
 @dataclass
@@ -95,7 +97,7 @@ RECOMPUTABLE_CUSTOM_OPS = frozenset({
 def recomputable(node: fx.Node, *, random_ok: bool = False) -> bool:
     """Whether a recompute may rebuild ``node`` by running it again: a functional aten op or
     one of :data:`RECOMPUTABLE_CUSTOM_OPS`; a random one only with ``random_ok`` (the
-    partitioner then replays its forward's RNG state, see :mod:`fxopt.planner.fraction`)."""
+    partitioner then replays its forward's RNG state, see :mod:`fxopt.planner.solvers.fraction`)."""
     if node.op != "call_function" or (is_random(node) and not random_ok):
         return False
     if node.target is operator.getitem:
@@ -295,19 +297,31 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
         budget_bytes=budget_bytes, labels=tuple(label for label, _ in a.estimate.timeline))
 
 
-def activation_problem(gm: fx.GraphModule, num_fwd_outputs: int, profile: HardwareProfile,
-                       budget_bytes: int | None = None) -> tuple[JointAnalysis, ActivationProblem]:
-    """The planner's view of a joint graph: recompute choices everywhere, swap choices where
-    the device has memory of its own; the budget defaults to the keep-all peak."""
-    analysis = analyse_joint(gm, num_fwd_outputs, profile)
-    budget = analysis.estimate.peak_bytes if budget_bytes is None else budget_bytes
-    return analysis, build_problem(analysis, budget, profile,
-                                   swap=profile.host_device_bandwidth is not None)
+def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwareProfile, *,
+                 codegen: str = "fx", force_swap: bool = False, name: str = ""
+                 ) -> tuple[JointAnalysis, StepProblem]:
+    """The one builder of :func:`fxopt.planner.step.plan_step`'s input from a joint graph,
+    for the pass and ``fxopt plan`` alike: recompute choices (none under ``force_swap``),
+    swap choices on CUDA or under ``force_swap``, a blocking offload under Inductor, random
+    ops recomputed (their RNG state replayed) only with fx code generation."""
+    analysis = analyse_joint(gm, num_fwd_outputs, hardware)
+    estimate = analysis.estimate
+    activations = build_problem(analysis, estimate.peak_bytes, hardware,
+                                recompute=not force_swap,
+                                swap=hardware.device_type == "cuda" or force_swap,
+                                blocking_offload=codegen == "inductor")
+    saved = saved_bytes_problem(analysis, random_ok=codegen == "fx",
+                                rng_state_bytes=rng_state_bytes(hardware.device_type))
+    return analysis, StepProblem(
+        graph=name, fingerprint=tuple(graph_fingerprint(gm)), activations=activations,
+        saved_bytes=saved, keep_all_peak_bytes=estimate.peak_bytes,
+        baseline_bytes=estimate.baseline_bytes, activation_bytes=estimate.activation_bytes,
+        step_seconds=sum(analysis.step_seconds), fraction_bounds_peak=force_swap)
 
 
 def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
                         rng_state_bytes: int) -> SavedBytesProblem:
-    """The fraction budget's problem (:mod:`fxopt.planner.fraction`): per saved tensor its
+    """The fraction budget's problem (:mod:`fxopt.planner.solvers.fraction`): per saved tensor its
     storage and, where it can be recomputed, its one-level chain and stops. ``random_ok``:
     random ops may be recomputed (replaying their RNG state, ``rng_state_bytes`` kept per
     random op)."""

@@ -4,25 +4,21 @@ A plan records what was decided and what it was decided for: the hardware profil
 budget, the action per saved tensor (absent: keep), the predictions (peak, keep-all peak,
 step time with everything kept, added seconds) and the planning time. It is shown by
 explain, dumped with the debug dir, and loaded again (``Plan.load``) to reproduce a run
-without solving: :meth:`Plan.decider` is a decider with the solver's signature that
-replays the recorded actions.
+without solving (:func:`fxopt.planner.step.plan_step`'s ``replay``).
 
 A plan is keyed by its joint graph's fingerprint (:func:`graph_fingerprint`: every node's
 name, target, shapes and dtypes), so a plan replays only on the graph it was made for;
-:meth:`Plan.check_graph` refuses another one (other sizes included) naming the first node
+:meth:`Plan.check_fingerprint` refuses another one (other sizes included) naming the first node
 that differs. A file that is not a plan, or a plan of another version, is refused at load.
-
-:func:`plan_for_joint_graph` is the compile path's entry: joint graph in, plan out. It
-never edits the graph; the ``swap_recompute`` pass applies the plan's actions.
+A model with graph breaks has one plan per graph, saved together in one file
+(:func:`save_plans`); each graph replays the plan of its own fingerprint.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,21 +26,13 @@ from typing import Any
 from torch import fx
 
 from fxopt.config import OptionError
-from fxopt.planner.activations import ACTIONS, ActivationProblem, Decision, evaluate
-from fxopt.planner.fraction import (
-    FractionDecision,
-    SavedBytesProblem,
-    rng_state_bytes,
-    solve_fraction,
-)
+from fxopt.planner.activations import ACTIONS, Decision
 from fxopt.planner.hardware import HardwareProfile
-from fxopt.planner.joint import activation_problem, analyse_joint, saved_bytes_problem
-from fxopt.planner.milp import DEFAULT_TIME_LIMIT, solve_activations
+from fxopt.planner.solvers.fraction import FractionDecision, SavedBytesProblem
+from fxopt.units import format_bytes
 
-__all__ = ["PLAN_VERSION", "Plan", "budget_bytes_for", "graph_fingerprint",
-           "plan_for_joint_graph", "saved_bytes_floor"]
-
-log = logging.getLogger(__name__)
+__all__ = ["PLAN_VERSION", "Plan", "graph_fingerprint", "load_plans", "plan_for_graph",
+           "save_plans"]
 
 PLAN_VERSION = 2  # 2: plans carry their graph's fingerprint
 
@@ -104,22 +92,52 @@ class Plan:
                    solver=decision.solver, status="", planning_seconds=0.0,
                    feasible=decision.feasible, extra={"fraction": fraction, "tensors": rows})
 
+    def table(self, floor_peak_bytes: int | None = None) -> str:
+        """The plan as text: what it recomputes, swaps and keeps, the predicted peak (or saved
+        bytes, for a fraction) and step time, the floor, and one row per tensor not kept.
+        ``floor_peak_bytes``: the lowest reachable peak, when the caller knows it (a byte
+        plan's floor; a fraction plan carries its own)."""
+        p, rows = self.predictions, self.extra.get("tensors", [])
+        lines = [f"plan for {self.graph or '?'}: {self.solver} "
+                 f"({self.status or 'done'}) in {self.planning_seconds:.2f} s"
+                 f"{'' if self.feasible else ', OVER BUDGET'}"]
+        for action in ("recompute", "swap", "keep"):
+            chosen = [r for r in rows if r["action"] == action]
+            lines.append(f"  {action:<10} {len(chosen):>4} tensors "
+                         f"{format_bytes(sum(r['bytes'] for r in chosen)):>11}")
+        step = p.get("step_seconds")
+        timing = (f"predicted step {1e3 * (step + p['added_seconds']):.3f} ms "
+                  f"({1e3 * step:.3f} ms with everything kept, +"
+                  if step is not None else "predicted added time (+")
+        timing += f"{1e3 * p['added_seconds']:.3f} ms)"
+        if "fraction" in self.extra:
+            plain = max(int(p["plain_saved_bytes"]), 1)
+            lines += [f"  predicted saved bytes {format_bytes(int(p['saved_bytes']))} of "
+                      f"{format_bytes(plain)} ({p['saved_bytes'] / plain:.3f}; bound "
+                      f"{format_bytes(self.budget_bytes or 0)}); {timing}",
+                      f"  floor: {p['floor_saved_bytes'] / plain:.3f} of plain autograd's "
+                      f"saved bytes ({format_bytes(int(p['floor_saved_bytes']))}), "
+                      "everything recomputable recomputed"]
+        else:
+            lines.append(f"  predicted peak {format_bytes(int(p['peak_bytes']))} (bound "
+                         f"{format_bytes(self.budget_bytes or 0)}, everything kept "
+                         f"{format_bytes(int(p['keep_all_peak_bytes']))}); {timing}")
+            if floor_peak_bytes is not None:
+                lines.append(f"  floor: lowest reachable peak {format_bytes(floor_peak_bytes)}")
+        changed = [r for r in rows if r["action"] != "keep"]
+        if changed:
+            lines.append(f"  {'tensor':<32}{'action':<11}{'bytes':>11}{'added ms':>11}")
+            lines += [f"  {r['tensor']:<32}{r['action']:<11}{format_bytes(r['bytes']):>11}"
+                      f"{1e3 * r['seconds']:>11.4f}" for r in changed]
+        return "\n".join(lines)
+
     def profile(self) -> HardwareProfile:
         return HardwareProfile.from_dict(self.hardware)
 
-    def decider(self) -> Callable[[ActivationProblem], Decision]:
-        """A decider that replays this plan's actions on a problem (the same graph's)."""
-        def replay(problem: ActivationProblem) -> Decision:
-            try:
-                return evaluate(problem, self.actions, "plan", status="replayed from a plan")
-            except (KeyError, ValueError) as error:
-                raise ValueError(f"fxopt: the plan of graph {self.graph or '?'} does not "
-                                 f"match this graph ({error}); plan it again") from error
-        return replay
-
-    def check_graph(self, joint_gm: fx.GraphModule) -> None:
-        """Refuse to replay on a graph other than the one planned (``OptionError``)."""
-        mine, theirs = self.fingerprint, graph_fingerprint(joint_gm)
+    def check_fingerprint(self, theirs: list[str]) -> None:
+        """Refuse to replay on a graph (of fingerprint ``theirs``, :func:`graph_fingerprint`)
+        other than the one planned (``OptionError``)."""
+        mine = self.fingerprint
         if mine == theirs:
             return
         index = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
@@ -160,20 +178,58 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """The plan in ``path``; a ``ValueError`` naming the file when it is not one."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"fxopt: {path} is not a plan (bad JSON: {error})") from error
-        except (OSError, UnicodeDecodeError) as error:
-            raise ValueError(f"fxopt: cannot read the plan {path}: {error}") from error
-        if not isinstance(data, dict):
-            raise ValueError(f"fxopt: {path} is not a plan (a JSON object is expected)")
-        try:
-            return cls.from_dict(data)
-        except ValueError as error:
-            reason = str(error).removeprefix("fxopt: ")
-            raise ValueError(f"fxopt: {path} is not a usable plan: {reason}") from None
+        """The one plan in ``path``; a ``ValueError`` naming the file when it is not one (or
+        holds several graphs' plans: :func:`load_plans`)."""
+        plans = load_plans(path)
+        if len(plans) != 1:
+            raise ValueError(f"fxopt: {path} holds the plans of {len(plans)} graphs; read it "
+                             "with fxopt.planner.plan.load_plans")
+        return plans[0]
+
+
+def save_plans(plans: list[Plan], path: str | Path) -> Path:
+    """Write one plan as it is, or a model's several (one per graph) as ``{"graphs": [...]}``;
+    compiling with ``plan=path`` replays each graph's own (:func:`plan_for_graph`)."""
+    if len(plans) == 1:
+        return plans[0].save(path)
+    path = Path(path)
+    data = {"graphs": [plan.to_dict() for plan in plans]}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_plans(path: str | Path) -> list[Plan]:
+    """The plans in ``path`` (one, or a model's, see :func:`save_plans`); a ``ValueError``
+    naming the file when it is not a plan file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"fxopt: {path} is not a plan (bad JSON: {error})") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"fxopt: cannot read the plan {path}: {error}") from error
+    if not isinstance(data, dict):
+        raise ValueError(f"fxopt: {path} is not a plan (a JSON object is expected)")
+    many = list(data) == ["graphs"]
+    if many and (not isinstance(data["graphs"], list) or not data["graphs"]
+                 or not all(isinstance(d, dict) for d in data["graphs"])):
+        raise ValueError(f"fxopt: {path} is not a plan ('graphs' must be a list of plans)")
+    try:
+        return [Plan.from_dict(d) for d in (data["graphs"] if many else [data])]
+    except ValueError as error:
+        reason = str(error).removeprefix("fxopt: ")
+        raise ValueError(f"fxopt: {path} is not a usable plan: {reason}") from None
+
+
+def plan_for_graph(plans: list[Plan], fingerprint: list[str], position: int | None = None
+                   ) -> Plan:
+    """The plan made for the graph of ``fingerprint``: the one at ``position`` (the graph's
+    place in compilation order) when it is, as two identical graphs of one model may have
+    different plans under a shared fraction; else the first that is; else the first plan,
+    whose :meth:`Plan.check_fingerprint` then names where the graphs differ."""
+    if position is not None and position < len(plans) \
+            and plans[position].fingerprint == fingerprint:
+        return plans[position]
+    return next((plan for plan in plans if plan.fingerprint == fingerprint), plans[0])
 
 
 def graph_fingerprint(gm: fx.GraphModule) -> list[str]:
@@ -189,83 +245,3 @@ def graph_fingerprint(gm: fx.GraphModule) -> list[str]:
 
     return [f"{n.name} {n.op} {getattr(n.target, '__name__', n.target)} "
             f"{value(n.meta.get('val'))}" for n in gm.graph.nodes]
-
-
-def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> int:
-    """A peak budget in bytes from an option value: bytes (a bound on the step's predicted
-    peak, weights and gradients included) or a fraction ``f`` of plain autograd's
-    activation memory (the peak when only ``f`` of the activations may stay resident:
-    ``keep_all_peak - (1 - f) * activation_bytes``). Takes ``fxopt.config.MemoryBudget``
-    or a plain int/float."""
-    value_bytes = getattr(budget, "bytes", budget if isinstance(budget, int) else None)
-    fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
-    if isinstance(value_bytes, int) and not isinstance(value_bytes, bool) and value_bytes > 0:
-        return value_bytes
-    if isinstance(fraction, float) and 0 < fraction <= 1:
-        return int(keep_all_peak - (1 - fraction) * activation_bytes)
-    raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes nor a "
-                     "fraction in (0, 1]")
-
-
-def plan_for_joint_graph(joint_gm: fx.GraphModule, num_fwd_outputs: int, options: Any,
-                         hardware: HardwareProfile, *,
-                         time_limit: float = DEFAULT_TIME_LIMIT, name: str = "") -> Plan:
-    """Decide every saved tensor of ``joint_gm`` under ``options.memory_budget``.
-
-    ``options`` is ``fxopt.config.Options`` (or anything with ``memory_budget``); with no
-    budget the plan keeps everything and only records the predictions.
-    """
-    began = time.perf_counter()
-    budget = getattr(options, "memory_budget", None)
-    if getattr(budget, "fraction", None) is not None:
-        plan = _fraction_plan(joint_gm, num_fwd_outputs, budget.fraction, hardware)
-        plan.graph = name
-        plan.planning_seconds = time.perf_counter() - began
-        return plan
-    analysis, problem = activation_problem(joint_gm, num_fwd_outputs, hardware)
-    memory = analysis.estimate
-    keep_all = max(problem.live_bytes, default=memory.baseline_bytes)
-    budget_bytes = (None if budget is None
-                    else budget_bytes_for(budget, keep_all, memory.activation_bytes))
-    problem = dataclasses.replace(problem, budget_bytes=keep_all if budget_bytes is None
-                                  else budget_bytes)
-    decision = solve_activations(problem, time_limit=time_limit)
-    plan = Plan.from_decision(decision, hardware, budget_bytes,
-                              keep_all_peak_bytes=keep_all,
-                              activation_bytes=memory.activation_bytes,
-                              step_seconds=sum(analysis.step_seconds))
-    plan.graph = name
-    plan.fingerprint = graph_fingerprint(joint_gm)
-    plan.planning_seconds = time.perf_counter() - began
-    plan.extra["saved_tensors_with_choices"] = len(problem.activations)
-    if not plan.feasible:
-        log.warning("fxopt: no plan reaches the memory budget %s for graph %s: the lowest "
-                    "predicted peak is %d bytes", budget, name or "?", plan.predictions[
-                        "peak_bytes"])
-    return plan
-
-
-def saved_bytes_floor(joint_gm: fx.GraphModule, num_fwd_outputs: int,
-                      hardware: HardwareProfile) -> FractionDecision:
-    """The floor of a fraction budget on ``joint_gm`` (everything recomputable recomputed;
-    fx code generation, so dropout too): ``floor_bytes`` of ``plain_bytes``."""
-    return _fraction_decision(joint_gm, num_fwd_outputs, 0.0, hardware)[0]
-
-
-def _fraction_decision(joint_gm: fx.GraphModule, num_fwd_outputs: int, fraction: float,
-                       hardware: HardwareProfile
-                       ) -> tuple[FractionDecision, SavedBytesProblem]:
-    analysis = analyse_joint(joint_gm, num_fwd_outputs, hardware)
-    problem = saved_bytes_problem(analysis, random_ok=True,
-                                  rng_state_bytes=rng_state_bytes(hardware.device_type))
-    return solve_fraction(problem, int(fraction * problem.plain_bytes)), problem
-
-
-def _fraction_plan(joint_gm: fx.GraphModule, num_fwd_outputs: int, fraction: float,
-                   hardware: HardwareProfile) -> Plan:
-    decision, problem = _fraction_decision(joint_gm, num_fwd_outputs, fraction, hardware)
-    if not decision.feasible:
-        log.warning("fxopt: memory_budget %g is below the floor of graph: %.3f of plain "
-                    "autograd's saved bytes (%d bytes)", fraction, decision.floor_fraction,
-                    decision.floor_bytes)
-    return Plan.from_fraction(decision, problem, hardware, fraction)

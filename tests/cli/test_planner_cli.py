@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from fxopt.__main__ import main
+from fxopt.cli.calibrate import calibrate
+from fxopt.cli.planner import load_target
+from fxopt.compiler import Backend
 from fxopt.planner import Plan, profile_for
-from fxopt.planner.calibrate import cache_path, calibrate, load_calibrated, save_calibrated
-from fxopt.planner.hardware import CPU_DEFAULT
+from fxopt.planner.hardware import CPU_DEFAULT, cache_path, load_calibrated, save_calibrated
+from fxopt.planner.plan import load_plans
 
 TARGET = str(Path(__file__).with_name("plan_targets.py"))
 
@@ -21,6 +24,11 @@ def test_plan_prints_the_frontier_solves_a_budget_and_fits_a_batch(tmp_path, cap
     out = capsys.readouterr().out
     assert "keep-all peak" in out and "step ms" in out and "recompute" in out
     assert "budget 1.84 MiB: predicted peak" in out and "OVER BUDGET" not in out
+    # the plan as a table: counts per action, predicted peak and step time, the floor
+    assert "plan for g0: milp (optimal)" in out
+    assert all(f"\n  {action}" in out for action in ("recompute", "swap", "keep"))
+    assert "predicted peak" in out and "predicted step" in out
+    assert "floor: lowest reachable peak" in out and "added ms" in out
     assert "largest s" in out and "that fits in 4.00 MiB" in out
     plan = Plan.load(plan_path)
     assert plan.feasible and plan.budget_bytes == 1930000 and plan.actions
@@ -37,9 +45,94 @@ def test_plan_reports_the_floor_and_plans_a_fraction_of_saved_bytes(tmp_path, ca
     assert "floor of a fraction budget" in out and "of plain autograd's saved bytes" in out
     assert "budget 0.5 of activation memory: predicted saved bytes" in out
     assert "OVER BUDGET" not in out
+    assert "plan for g0: fraction path" in out and "predicted step" in out
+    assert "floor: 0.000 of plain autograd's saved bytes" in out
+    # with --save, the frontier is drawn next to the plan when matplotlib is installed
+    png = plan_path.with_suffix(".frontier.png")
+    assert (f"frontier drawn: {png}" in out and png.read_bytes()[:4] == b"\x89PNG"
+            if _has_matplotlib() else "frontier not drawn: " in out)
     plan = Plan.load(plan_path)
     assert plan.feasible and plan.actions and plan.extra["fraction"] == 0.5
     assert plan.predictions["saved_bytes"] <= 0.5 * plan.predictions["plain_saved_bytes"]
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _compiled_step(options):
+    """One compiled step of TARGET: swap_recompute's stats and the parameters' gradients."""
+    model, (x,) = load_target(TARGET)
+    backend = Backend(options)
+    torch.compile(model, backend=backend)(x).sum().backward()
+    (stats,) = [r.stats for g in backend.graphs for r in g.passes if r.name == "swap_recompute"]
+    return stats, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("budget", ["0.5", "1930000"])  # saved bytes; the predicted peak
+def test_the_saved_plan_is_the_one_compilation_builds_and_replays(budget, tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", TARGET, "--budget", budget, "--points", "2", "--save",
+                 str(plan_path)]) == 0
+    saved = Plan.load(plan_path).to_dict()
+    assert saved["actions"]
+    solved, solved_grads = _compiled_step({"memory_budget": budget})
+    replayed, replayed_grads = _compiled_step({"plan": str(plan_path)})
+    assert solved.get("plan") and replayed.get("plan")
+    # the same plan but for the graph's name (g0 here, Dynamo's there) and the solve's time
+    ignored = {"graph", "planning_seconds"}
+    assert ({k: v for k, v in solved["plan"].items() if k not in ignored}
+            == {k: v for k, v in saved.items() if k not in ignored})
+    assert replayed["plan"]["actions"] == saved["actions"] and replayed["plan"]["solver"] == "plan"
+    assert replayed["plan"]["predictions"] == saved["predictions"]
+    assert all(torch.equal(a, b) for a, b in zip(solved_grads, replayed_grads, strict=True))
+
+
+def test_a_model_with_a_graph_break_saves_one_plan_file_that_replays_each_graph(tmp_path,
+                                                                              capsys):
+    plan_path, target = tmp_path / "plan.json", f"{TARGET}:graph_break"
+    assert main(["plan", target, "--budget", "0.4", "--points", "2", "--save",
+                 str(plan_path)]) == 0
+    assert "plan saved: " in capsys.readouterr().out
+    saved = load_plans(plan_path)
+    assert [p.graph for p in saved] == ["g0", "g1"] and all(p.actions for p in saved)
+
+    def step(options):
+        model, (x,) = load_target(target)
+        backend = Backend(options)
+        torch.compile(model, backend=backend)(x).sum().backward()
+        stats = [r.stats for g in backend.graphs for r in g.passes
+                 if r.name == "swap_recompute"]
+        return stats, [p.grad for p in model.parameters()]
+
+    solved, solved_grads = step({"memory_budget": 0.4})
+    replayed, replayed_grads = step({"plan": str(plan_path)})
+    assert [s["plan"]["actions"] for s in solved] == [p.actions for p in saved]
+    assert [s["plan"]["solver"] for s in replayed] == ["plan", "plan"]
+    assert [s["plan"]["actions"] for s in replayed] == [p.actions for p in saved]
+    # the second graph's share is what the model's budget leaves after the first
+    assert solved[1]["share_bytes"] == (int(0.4 * solved[1]["model_plain_saved_bytes"])
+                                        - solved[0]["saved_bytes_after"])
+    assert all(torch.equal(a, b) for a, b in zip(solved_grads, replayed_grads, strict=True))
+
+
+def test_joint_splits_a_fraction_by_the_graphs_frontiers(tmp_path, capsys):
+    target, totals = f"{TARGET}:graph_break", {}
+    for flags in ([], ["--joint"]):
+        path = tmp_path / f"plan{len(flags)}.json"
+        assert main(["plan", target, "--budget", "0.3", "--points", "2", "--save", str(path),
+                     *flags]) == 0
+        plans = load_plans(path)
+        saved, plain = (sum(p.predictions[k] for p in plans)
+                        for k in ("saved_bytes", "plain_saved_bytes"))
+        assert saved <= 0.3 * plain
+        totals[bool(flags)] = sum(p.predictions["added_seconds"] for p in plans)
+    assert "budget split by the frontiers" in capsys.readouterr().out
+    assert totals[True] <= totals[False]  # never slower than the one-at-a-time split
 
 
 @pytest.mark.parametrize("argv, error", [
@@ -47,6 +140,7 @@ def test_plan_reports_the_floor_and_plans_a_fraction_of_saved_bytes(tmp_path, ca
     (["plan", f"{TARGET}:nope"], "has no function 'nope'"),
     (["plan", "missing_file.py"], "no such script"),
     (["plan", TARGET, "--save", "p.json"], "--save needs --budget"),
+    (["plan", TARGET, "--budget", "1MiB", "--joint"], "--joint splits a fraction"),
     (["plan", TARGET, "--fit", "1GiB"], "needs --dynamic"),
     (["plan", TARGET, "--budget", "6 gigs"], "fxopt plan: cannot read --budget '6 gigs'"),
     (["plan", TARGET, "--budget", "0.0000001KB"], "rounds to 0 bytes"),

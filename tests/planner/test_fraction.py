@@ -3,7 +3,7 @@ grow as the target falls, chains that join, RNG states that outweigh a mask."""
 
 import pytest
 
-from fxopt.planner.fraction import (
+from fxopt.planner.solvers.fraction import (
     RecomputeOption,
     SavedBytesProblem,
     replay_fraction,

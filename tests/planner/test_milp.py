@@ -12,8 +12,8 @@ from fxopt.planner import (
     evaluate,
     peak_bytes,
 )
-from fxopt.planner.greedy import solve_greedy
-from fxopt.planner.milp import lowest_peak, lowest_peak_plan, solve_activations
+from fxopt.planner.solvers.greedy import solve_greedy
+from fxopt.planner.solvers.milp import lowest_peak, lowest_peak_plan, solve_activations
 
 
 def _problem(budget):
@@ -145,7 +145,7 @@ def test_milp_matches_brute_force(seed):
 
 
 def test_a_time_limited_incumbent_competes_with_the_greedy(monkeypatch):
-    from fxopt.planner import milp
+    from fxopt.planner.solvers import milp
 
     # HiGHS stopped by its time limit with a poor incumbent: recompute a (0.5 s) where a
     # swap (0.25 s) meets the budget.
@@ -157,7 +157,7 @@ def test_a_time_limited_incumbent_competes_with_the_greedy(monkeypatch):
 
 
 def test_no_solution_in_time_falls_back_to_the_greedy(monkeypatch):
-    from fxopt.planner import milp
+    from fxopt.planner.solvers import milp
 
     monkeypatch.setattr(milp._Model, "min_time", lambda self, budget, limit: (None, "time limit"))
     decision = solve_activations(_problem(90))

@@ -1,19 +1,24 @@
-"""The joint graph's activation problem, plan_for_joint_graph, and Plan save/load/replay."""
+"""The joint graph's step problem, plan_step, and Plan save/load/replay."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 from models import Block
 
 from fxopt.analysis import estimate_joint_memory
+from fxopt.cli.capture import capture_joints
 from fxopt.config import parse_memory_budget
 from fxopt.planner import peak_bytes, profile_for
-from fxopt.planner.capture import capture_joints
 from fxopt.planner.hardware import KNOWN_GPUS
-from fxopt.planner.joint import activation_problem
-from fxopt.planner.plan import Plan, budget_bytes_for, plan_for_joint_graph
+from fxopt.planner.joint import step_problem
+from fxopt.planner.plan import Plan, load_plans, plan_for_graph, save_plans
+from fxopt.planner.step import budget_bytes_for, plan_step
+
+
+def activation_problem(gm, num_fwd_outputs, hardware):
+    analysis, problem = step_problem(gm, num_fwd_outputs, hardware, name="g0")
+    return analysis, problem.activations
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +50,8 @@ def test_plan_meets_a_budget_and_round_trips(joint, tmp_path):
     estimate = estimate_joint_memory(joint.gm, joint.num_fwd_outputs)
     expected = budget_bytes_for(0.5, estimate.peak_bytes, estimate.activation_bytes)
     budget = parse_memory_budget(expected)  # bytes: a bound on the predicted peak
-    plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs,
-                                SimpleNamespace(memory_budget=budget), profile_for("cpu"),
-                                name="g0")
+    _, problem = step_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"), name="g0")
+    plan = plan_step(problem, budget, profile_for("cpu"))
     assert plan.budget_bytes == expected < estimate.peak_bytes
     assert plan.actions and set(plan.actions.values()) == {"recompute"}
     assert plan.predictions["keep_all_peak_bytes"] == estimate.peak_bytes
@@ -57,17 +61,15 @@ def test_plan_meets_a_budget_and_round_trips(joint, tmp_path):
 
     loaded = Plan.load(plan.save(tmp_path / "plan.json"))
     assert loaded == plan and loaded.profile() == profile_for("cpu")
-    _, problem = activation_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
-    replayed = loaded.decider()(problem)
+    replayed = plan_step(problem, None, profile_for("cpu"), replay=loaded)
     assert replayed.actions == plan.actions and replayed.solver == "plan"
-    assert replayed.peak_bytes == plan.predictions["peak_bytes"]
+    assert replayed.predictions["peak_bytes"] == plan.predictions["peak_bytes"]
 
 
 def test_a_fraction_plans_saved_bytes_and_reports_its_floor(joint):
     estimate = estimate_joint_memory(joint.gm, joint.num_fwd_outputs)
-    plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs,
-                                SimpleNamespace(memory_budget=parse_memory_budget(0.5)),
-                                profile_for("cpu"), name="g0")
+    _, problem = step_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"), name="g0")
+    plan = plan_step(problem, parse_memory_budget(0.5), profile_for("cpu"))
     plain = plan.predictions["plain_saved_bytes"]
     assert plain == estimate.activation_bytes
     assert plan.feasible and plan.predictions["saved_bytes"] <= 0.5 * plain
@@ -76,20 +78,40 @@ def test_a_fraction_plans_saved_bytes_and_reports_its_floor(joint):
 
 
 def test_without_a_budget_everything_is_kept(joint):
-    plan = plan_for_joint_graph(joint.gm, joint.num_fwd_outputs,
-                                SimpleNamespace(memory_budget=None), profile_for("cpu"))
-    assert plan.actions == {} and plan.budget_bytes is None and plan.feasible
+    _, problem = step_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
+    plan = plan_step(problem, None, profile_for("cpu"))
+    assert plan.actions == {} and plan.feasible
+    assert plan.budget_bytes == problem.keep_all_peak_bytes
 
 
 @pytest.mark.parametrize("text, error", [
     ("not json", "bad JSON"),
     ("[1, 2]", "JSON object"),
     (json.dumps({"bogus": 1}), "unknown plan fields"),
+    (json.dumps({"graphs": []}), "'graphs' must be a list of plans"),
+    (json.dumps({"graphs": [{"bogus": 1}]}), "unknown plan fields"),
 ])
 def test_bad_plan_files_are_refused(tmp_path, text, error):
     path = tmp_path / "plan.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=error):
+        Plan.load(path)
+
+
+def test_a_model_plan_file_holds_each_graphs_plan_found_by_fingerprint(joint, tmp_path):
+    _, problem = step_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"), name="g0")
+    first = plan_step(problem, parse_memory_budget(0.5), profile_for("cpu"))
+    other = Plan.from_dict({**first.to_dict(), "graph": "g1", "fingerprint": ["x"]})
+    path = save_plans([other, first], tmp_path / "plan.json")
+    plans = load_plans(path)
+    assert plans == [other, first]
+    assert plan_for_graph(plans, list(problem.fingerprint)) == first
+    twin = Plan.from_dict({**first.to_dict(), "graph": "g2", "actions": {}})
+    plans = [first, other, twin]  # two identical graphs: each replays its own plan
+    assert plan_for_graph(plans, list(problem.fingerprint), 2) == twin
+    assert plan_for_graph(plans, list(problem.fingerprint), 0) == first
+    assert plan_for_graph(plans, list(problem.fingerprint), 1) == first  # g1 is another graph
+    with pytest.raises(ValueError, match="holds the plans of 2 graphs"):
         Plan.load(path)
 
 

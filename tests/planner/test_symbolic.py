@@ -13,8 +13,8 @@ import torch
 from models import MLP, Block
 
 from fxopt.analysis import estimate_joint_memory, measure_peak_memory
+from fxopt.cli.capture import capture_joints
 from fxopt.planner import profile_for
-from fxopt.planner.capture import capture_joints
 from fxopt.planner.joint import analyse_joint
 from fxopt.planner.symbolic import symbolic_step
 

@@ -2,171 +2,125 @@
 
 At the JOINT stage (AOTAutograd's joint forward+backward graph, before the partitioner):
 
-1. :mod:`fxopt.planner.joint` builds an :class:`fxopt.planner.ActivationProblem` from the graph: the
-   memory simulation's timeline with everything kept, one ``SavedActivation`` per saved
-   tensor with a ``recompute`` choice and, on CUDA (or with ``force_swap``), a ``swap``
-   choice, and the budget as a bound on the predicted peak of the step;
-2. a decider, any ``Callable[[ActivationProblem], Decision]``, picks the actions;
-   :func:`choose_decider` is the one place that says which: the planner's MILP when the
-   planner is on (the default with a budget), the DELTA-style heuristic
-   (:func:`.delta.decide_delta`) with ``planner=False``, or a saved plan's actions;
-3. :mod:`.apply` rewrites the joint graph (recompute tags, swap ops); the partitioner then
-   saves what the decision keeps, and the compiler places the prefetches in the backward.
+1. :func:`fxopt.planner.joint.step_problem` builds the step's problem (plain data) from the
+   graph: per saved tensor a ``recompute`` choice and, on CUDA (or with ``force_swap``,
+   which offers only swapping) a ``swap`` choice, and the fraction budget's saved-bytes
+   problem;
+2. :func:`fxopt.planner.plan_step`, the one way a plan is made (``fxopt plan`` calls it
+   too), decides: the MILP with the planner on (the default with a budget), the greedy
+   solver's DELTA mode with ``planner=False``, or a saved plan (``plan``) replayed as saved
+   on the graph its fingerprint names. What each budget bounds, the floor, the warnings
+   and what ``strict`` raises are :mod:`fxopt.planner.step`'s;
+3. the plan is applied: a fraction plan tags its recompute chains ``MUST_RECOMPUTE`` for
+   the partitioner (random ops with fx code generation: AOTAutograd's default partitioner
+   replays their RNG state, so every gradient is the forward's bit for bit); a byte plan
+   is rewritten by :mod:`.apply` (recompute tags, swap ops), and the compiler places the
+   prefetches in the backward.
 
-A fraction budget ``f`` bounds the bytes kept for backward (``f`` x plain autograd's, per
-graph) and is decided by :mod:`.fraction` (chains of any depth, dropout replayed from its
-RNG state, the floor reported). A byte budget bounds the predicted peak of one step:
-parameters, inputs, gradients, activations and temporaries as :mod:`fxopt.analysis.memory`
-simulates them (optimizer state lives outside the compiled step and is not in the graph);
-the steps above decide it. A step that already fits is left unchanged
-(``stats["fits"]``); one that cannot fit raises under ``strict`` naming the lowest peak
-the decider reaches, and otherwise warns with that figure and applies that plan. A
-replayed plan (``plan``) is the user's choice: it is applied as saved, on the graph its
-fingerprint names (another graph is refused). On a CPU
-device swapping frees nothing, so only recompute is offered unless ``force_swap`` is set,
-which offers only swapping (the swap path's tests; a fraction then goes through the peak
-path too).
+A fraction is the model's: the graphs one backend compiles share it, each planned within
+what the graphs before it left (:mod:`fxopt.planner.ledger`; ``stats["share_bytes"]``).
+A step that already fits is left unchanged (``stats["fits"]``). On a CPU device swapping
+frees nothing, so only recompute is offered unless ``force_swap`` is set.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
-from collections.abc import Callable
 
 import torch.fx as fx
+from torch.utils.checkpoint import CheckpointPolicy
 
-from fxopt.analysis.memory import MemoryEstimate
 from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
-from fxopt.passes.swap_recompute.delta import decide_delta
-from fxopt.passes.swap_recompute.fraction import fit_fraction
-from fxopt.planner import ActivationProblem, Decision, profile_for, solve_activations
-from fxopt.planner.greedy import solve_greedy
-from fxopt.planner.joint import analyse_joint, build_problem
-from fxopt.planner.plan import Plan, budget_bytes_for, graph_fingerprint
-from fxopt.units import format_mib as _mib
+from fxopt.planner import InfeasibleBudget, Plan, StepProblem, plan_step, profile_for
+from fxopt.planner.joint import step_problem
+from fxopt.planner.plan import load_plans, plan_for_graph
 
-__all__ = ["swap_recompute", "choose_decider", "InfeasibleBudget",
-           "place_prefetches", "SWAP_OPS"]
+__all__ = ["swap_recompute", "InfeasibleBudget", "place_prefetches", "SWAP_OPS"]
 
 log = logging.getLogger(__name__)
-
-Decider = Callable[[ActivationProblem], Decision]
-
-
-class InfeasibleBudget(RuntimeError):
-    """No plan reaches ``memory_budget`` (raised under ``strict``)."""
-
-
-def choose_decider(ctx: PassContext, plan: Plan | None = None) -> Decider:
-    """Who decides the actions, the one place that says so: a saved plan (``plan`` option)
-    replays its actions; with the planner on (the default whenever a budget is given) the
-    MILP (:func:`fxopt.planner.solve_activations`) finds the fastest plan within the
-    budget; otherwise (``planner=False``) the DELTA-style heuristic
-    (:func:`.delta.decide_delta`)."""
-    if plan is not None:
-        return plan.decider()
-    if ctx.options.planner_enabled:
-        return solve_activations
-    return decide_delta
 
 
 def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     budget = ctx.options.memory_budget
-    saved_plan = Plan.load(ctx.options.plan) if ctx.options.plan is not None else None
-    if budget is None and saved_plan is None:
+    saved_plans = load_plans(ctx.options.plan) if ctx.options.plan is not None else None
+    if budget is None and saved_plans is None:
         return PassResult(gm, False, {"reason": "no memory_budget set: nothing to bound"})
     profile = profile_for(ctx.device)
-    force_swap = ctx.options.force_swap
-    analysis = analyse_joint(gm, ctx.facts["num_fwd_outputs"], profile)
-    if saved_plan is not None:
-        saved_plan.check_graph(gm)
-    if saved_plan is not None and "fraction" in saved_plan.extra:
-        return fit_fraction(gm, ctx, analysis, saved_plan.extra["fraction"], InfeasibleBudget,
-                            replay=saved_plan)
-    if budget is not None and budget.fraction is not None and saved_plan is None \
-            and not force_swap:
-        return fit_fraction(gm, ctx, analysis, budget.fraction, InfeasibleBudget)
-    estimate = analysis.estimate
-    if budget is not None and budget.bytes is not None \
-            and budget.bytes < estimate.baseline_bytes:
-        warnings.warn(f"fxopt: memory_budget {budget.bytes} bytes is below {ctx.graph_name}'s "
-                      f"parameters and inputs ({estimate.baseline_bytes} bytes): did you mean "
-                      f"a fraction? (e.g. 0.5 keeps half of plain autograd's saved bytes)",
-                      stacklevel=2)
-    if budget is not None:
-        bound = budget_bytes_for(budget, estimate.peak_bytes, estimate.activation_bytes)
-    else:
-        bound = saved_plan.budget_bytes or estimate.peak_bytes
-        budget = MemoryBudget(bytes=bound)
-    problem = build_problem(analysis, bound, profile,
-                            recompute=not force_swap, swap=ctx.is_cuda or force_swap,
-                            blocking_offload=ctx.options.codegen == "inductor")
-    decision = _decide(choose_decider(ctx, saved_plan), problem, ctx)
-    stats = _stats(budget, estimate, problem, decision)
-    if decision.actions:  # the plan in the report and the debug dump, loadable by `plan`
-        plan = Plan.from_decision(decision, profile, bound,
-                                  keep_all_peak_bytes=estimate.peak_bytes,
-                                  activation_bytes=estimate.activation_bytes,
-                                  step_seconds=sum(analysis.step_seconds))
-        plan.graph = ctx.graph_name
-        plan.fingerprint = graph_fingerprint(gm)
-        plan.extra["tensors"] = _tensor_rows(problem, decision)
+    analysis, problem = step_problem(gm, ctx.facts["num_fwd_outputs"], profile,
+                                     codegen=ctx.options.codegen,
+                                     force_swap=ctx.options.force_swap, name=ctx.graph_name)
+    ledger = ctx.budget_ledger  # its graphs so far: this graph's place in the model
+    saved_plan = (plan_for_graph(saved_plans, list(problem.fingerprint),
+                                 len(ledger.shares) if ledger is not None else None)
+                  if saved_plans is not None else None)
+    plan = plan_step(problem, budget, profile,
+                     solver="milp" if ctx.options.planner_enabled else "delta",
+                     replay=saved_plan, strict=ctx.options.strict,
+                     ledger=ledger)
+    fraction = "fraction" in plan.extra
+    stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
+    if plan.actions:  # the plan in the report and the debug dump, loadable by `plan`
         stats["plan"] = plan.to_dict()
-    if not decision.feasible and saved_plan is None:  # a replayed plan is the user's choice
-        message = (f"fxopt: swap_recompute cannot fit {ctx.graph_name} in memory_budget "
-                   f"{budget} (a predicted peak of {_mib(problem.budget_bytes)} MiB): the "
-                   f"lowest predicted peak reachable is {_mib(decision.peak_bytes)} MiB "
-                   f"({decision.peak_bytes} bytes; {_mib(estimate.peak_bytes)} MiB with "
-                   "everything kept)")
-        if ctx.options.strict:
-            raise InfeasibleBudget(message)
-        warnings.warn(f"{message}; using the plan that reaches it", stacklevel=2)
-    if not decision.actions:
-        stats["fits"] = decision.feasible
+    else:
+        stats["fits"] = plan.feasible
         return PassResult(gm, False, stats)
-    applied = apply_decision(gm, analysis, problem, decision, ctx)
+    if fraction:
+        return PassResult(gm, _tag_chains(gm, plan, ctx) > 0, stats)
+    applied = apply_decision(gm, analysis, problem.activations, plan, ctx)
     log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
     return PassResult(gm, bool(applied), stats)
 
 
-def _decide(decider: Decider, problem: ActivationProblem, ctx: PassContext) -> Decision:
-    """The decider's answer; a solver that raises (scipy's ``milp``, say) is answered by the
-    greedy solver with a warning, and raises only under ``strict``."""
-    try:
-        return decider(problem)
-    except Exception as error:
-        if decider is not solve_activations or ctx.options.strict:
-            raise
-        warnings.warn(f"fxopt: swap_recompute's solver failed on {ctx.graph_name} "
-                      f"({type(error).__name__}: {error}); used the greedy solver instead. "
-                      "Set options={'strict': True} to raise instead.", stacklevel=3)
-        log.debug("fxopt: traceback of the failed solver", exc_info=True)
-        return solve_greedy(problem, status=f"fallback: solver raised {type(error).__name__}")
+def _tag_chains(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> int:
+    """Tag a fraction plan's recompute chains ``MUST_RECOMPUTE``; the number tagged."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    tagged = 0
+    for name in plan.extra["tagged"]:
+        if not ctx.rewrites.allow():
+            break
+        node = by_name[name]
+        node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+        node.meta["fxopt"] = {**node.meta.get("fxopt", {}), "swap_recompute": "recompute"}
+        tagged += 1
+    log.info("fxopt: swap_recompute on %s: recompute %d saved tensors (%d nodes), keeping "
+             "%d of %d bytes", ctx.graph_name, len(plan.actions), tagged,
+             plan.predictions["saved_bytes"], plan.predictions["plain_saved_bytes"])
+    return tagged
 
 
-def _tensor_rows(problem: ActivationProblem, decision: Decision) -> list[dict[str, object]]:
-    """Per saved tensor: its action, bytes and predicted added seconds (explain's table)."""
-    rows = []
-    for act in problem.activations:
-        action = decision.actions.get(act.name, "keep")
-        choice = act.choice(action) if action != "keep" else None
-        rows.append({"tensor": act.name, "bytes": act.nbytes, "action": action,
-                     "seconds": choice.seconds if choice else 0.0})
-    return rows
-
-
-def _stats(budget: MemoryBudget, estimate: MemoryEstimate, problem: ActivationProblem,
-           decision: Decision) -> dict[str, object]:
-    counts = {a: sum(1 for v in decision.actions.values() if v == a)
-              for a in ("recompute", "swap")}
+def _fraction_stats(plan: Plan) -> dict[str, object]:
+    p = plan.predictions
+    plain = max(int(p["plain_saved_bytes"]), 1)
     return {
-        "budget": str(budget), "budget_bytes": problem.budget_bytes,
-        "peak_before": estimate.peak_bytes, "peak_after": decision.peak_bytes,
-        "feasible": decision.feasible, "solver": decision.solver,
+        "budget": f"{plan.extra['fraction']:g} of plain autograd's saved bytes",
+        "plain_saved_bytes": p["plain_saved_bytes"], "target_saved_bytes": plan.budget_bytes,
+        "saved_bytes_after": p["saved_bytes"],
+        "saved_fraction_after": round(p["saved_bytes"] / plain, 4),
+        "floor_bytes": p["floor_saved_bytes"],
+        "floor_fraction": round(p["floor_saved_bytes"] / plain, 4),
+        "feasible": plan.feasible, "solver": plan.solver,
+        "recompute": len(plan.actions), "swap": 0,
+        "recompute_nodes": len(plan.extra["tagged"]),
+        "added_ms": round(p["added_seconds"] * 1e3, 4),
+        **({"share_bytes": plan.budget_bytes,
+            "model_graphs": plan.extra["model"]["graphs"],
+            "model_plain_saved_bytes": plan.extra["model"]["plain_bytes"],
+            "model_saved_bytes_after": plan.extra["model"]["kept_bytes"]}
+           if "model" in plan.extra else {}),
+    }
+
+
+def _peak_stats(budget: MemoryBudget | None, problem: StepProblem, plan: Plan
+                ) -> dict[str, object]:
+    counts = {a: sum(1 for v in plan.actions.values() if v == a) for a in ("recompute", "swap")}
+    return {
+        "budget": str(budget if budget is not None else f"{plan.budget_bytes} bytes"),
+        "budget_bytes": plan.budget_bytes,
+        "peak_before": problem.keep_all_peak_bytes, "peak_after": plan.predictions["peak_bytes"],
+        "feasible": plan.feasible, "solver": plan.solver,
         "recompute": counts["recompute"], "swap": counts["swap"],
-        "kept": len(problem.activations) - len(decision.actions),
-        "added_ms": round(decision.added_seconds * 1e3, 4),
+        "kept": len(problem.activations.activations) - len(plan.actions),
+        "added_ms": round(plan.predictions["added_seconds"] * 1e3, 4),
     }

@@ -1,4 +1,4 @@
-"""Apply a :class:`~fxopt.planner.Decision` to the joint graph, for the partitioner.
+"""Apply a :class:`~fxopt.planner.Plan`'s actions to the joint graph, for the partitioner.
 
 - **recompute**: the nodes of the tensor's recompute chain (back to placeholders and other
   saved tensors, which the decision keeps) get the partitioner's policy tag
@@ -33,7 +33,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 import fxopt.runtime  # noqa: F401  (registers the fxopt::swap_* ops)
 from fxopt import _compat
 from fxopt.passes.base import PassContext
-from fxopt.planner import ActivationProblem, Decision
+from fxopt.planner import ActivationProblem, Plan
 from fxopt.planner.joint import JointAnalysis, group_chain
 
 __all__ = ["apply_decision", "place_prefetches", "SWAP_OPS"]
@@ -45,13 +45,14 @@ SWAP_OPS = (_OFFLOAD, _START, _WAIT)
 
 
 def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: ActivationProblem,
-                   decision: Decision, ctx: PassContext) -> dict[str, str]:
-    """Rewrite ``gm`` for ``decision``; returns the actions applied (bisecting may refuse
-    some: a refused action keeps its tensor, which only raises memory)."""
+                   plan: Plan, ctx: PassContext) -> dict[str, str]:
+    """Rewrite ``gm`` for ``plan``'s actions, in its order; returns the actions applied
+    (bisecting may refuse some: a refused action keeps its tensor, which only raises
+    memory)."""
     applied: dict[str, str] = {}
-    for name in decision.details.get("order", sorted(decision.actions)):
+    for name in plan.extra.get("order", sorted(plan.actions)):
         if ctx.rewrites.allow():
-            applied[name] = decision.actions[name]
+            applied[name] = plan.actions[name]
     by_step = {s: n for n, s in analysis.step_of.items()}
     choices = problem.by_name()
     for name, action in applied.items():

@@ -23,13 +23,14 @@ they are needed: the budget then costs nothing when the model fits.
 
 An infeasible budget (HiGHS proves it) is answered with the lowest peak found (an MILP
 minimising the peak, and the greedy), at the least added time there (``feasible=False``).
-Fallback to :func:`~fxopt.planner.greedy.solve_greedy`: scipy missing, more than ``max_variables``
-binaries, or the time limit hit before any solution (then the greedy starts from its own
-lowest-peak plan and undoes what the budget does not need); a solution that HiGHS's tolerances
-leave over the budget by a few bytes is repaired by the greedy from there; a solution the
-time limit cut short competes with the greedy's (the better is returned). HiGHS checks its
-time limit between phases, so a solve can overrun it by seconds on large problems. Every answer's
-``details`` say ``solver``, ``status``, ``planning_seconds`` and the model's size.
+Fallback to :func:`~fxopt.planner.solvers.greedy.solve_greedy`: scipy missing, more than
+``max_variables`` binaries, or the time limit hit before any solution (then the greedy
+starts from its own lowest-peak plan and undoes what the budget does not need); a solution
+that HiGHS's tolerances leave over the budget by a few bytes is repaired by the greedy from
+there; a solution the time limit cut short competes with the greedy's (the better is
+returned). HiGHS checks its time limit between phases, so a solve can overrun it by seconds
+on large problems. Every answer's ``details`` say ``solver``, ``status``,
+``planning_seconds`` and the model's size.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fxopt.planner.activations import Action, ActivationProblem, Decision, evaluate
-from fxopt.planner.greedy import solve_greedy
+from fxopt.planner.solvers.greedy import solve_greedy
 
 __all__ = ["lowest_peak", "lowest_peak_plan", "solve_activations"]
 

@@ -10,9 +10,9 @@ repeats after a warm-up:
 - CPU optimizer throughput: ``torch.optim.Adam(foreach=True)`` steps on CPU tensors,
   parameters updated per second (the figure the optimizer-offload model needs).
 
-The profile is written as JSON to :func:`cache_path` (``$XDG_CACHE_HOME/fxopt/hardware/
-<device>.json``, by default ``~/.cache/fxopt/hardware/``), and
-:func:`fxopt.planner.profile_for` uses it from then on (``source="calibrated"``); delete
+The profile is written as JSON to :func:`fxopt.planner.hardware.cache_path`
+(``$XDG_CACHE_HOME/fxopt/hardware/<device>.json``, by default ``~/.cache/fxopt/hardware/``),
+and :func:`fxopt.planner.profile_for` uses it from then on (``source="calibrated"``); delete
 the file to go back to the documented defaults.
 
 A measurement can be badly off: tiny sizes (``--quick``) where overheads dominate, or a
@@ -24,51 +24,19 @@ refuses to cache such a profile unless told to (``--force``).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from fxopt.planner.hardware import HardwareProfile, default_profile, device_key
+from fxopt.planner.hardware import HardwareProfile, default_profile
 
-__all__ = ["PLAUSIBLE_FACTOR", "cache_path", "calibrate", "implausible", "load_calibrated",
-           "save_calibrated"]
+__all__ = ["PLAUSIBLE_FACTOR", "calibrate", "implausible"]
 
 log = logging.getLogger(__name__)
 
 PLAUSIBLE_FACTOR = 10.0  # a rate this many times off the documented default is suspect
-
-
-def cache_path(device: torch.device | str) -> Path:
-    """Where the calibrated profile of ``device`` is cached."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", device_key(torch.device(device)))
-    return root / "fxopt" / "hardware" / f"{key}.json"
-
-
-def load_calibrated(device: torch.device | str) -> HardwareProfile | None:
-    """The cached profile of ``device``, or None (no cache, or an unreadable one: logged)."""
-    path = cache_path(device)
-    if not path.is_file():
-        return None
-    try:
-        return HardwareProfile.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError, KeyError) as error:
-        log.warning("fxopt: ignoring the unreadable hardware profile %s (%s); run "
-                    "`fxopt calibrate` again", path, error)
-        return None
-
-
-def save_calibrated(profile: HardwareProfile, device: torch.device | str) -> Path:
-    path = cache_path(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.to_dict(), indent=1, sort_keys=True) + "\n")
-    return path
 
 
 def calibrate(device: torch.device | str, *, size: int = 2048, copy_mib: int = 256,

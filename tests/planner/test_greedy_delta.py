@@ -1,11 +1,14 @@
-"""The DELTA-style decider on plain data: table-driven, no graphs."""
+"""The greedy solver's DELTA mode on plain data: table-driven, no graphs."""
 
 import random
+from functools import partial
 
 import pytest
 
-from fxopt.passes.swap_recompute.delta import decide_delta
 from fxopt.planner import ActivationChoice, ActivationProblem, SavedActivation, peak_bytes
+from fxopt.planner.solvers.greedy import solve_greedy
+
+decide_delta = partial(solve_greedy, mode="delta")
 
 
 def act(name, nbytes, *choices):

@@ -5,9 +5,9 @@ documented default (``--quick`` on a busy machine once measured 50x too low) unl
 import dataclasses
 
 from fxopt.__main__ import main
-from fxopt.planner import calibrate as calibration
-from fxopt.planner.calibrate import cache_path, implausible, load_calibrated
-from fxopt.planner.hardware import CPU_DEFAULT
+from fxopt.cli import calibrate as calibration
+from fxopt.cli.calibrate import implausible
+from fxopt.planner.hardware import CPU_DEFAULT, cache_path, load_calibrated
 
 
 def measured(flops_float32):

@@ -1,7 +1,23 @@
-"""A greedy solver for the saved-activation problem: the fallback of the MILP.
+"""A greedy solver for the saved-activation problem: the MILP's fallback, and DELTA's rules.
 
-It runs where the MILP cannot (scipy missing, a problem above the MILP's size limit, a
-time limit hit with no solution) and repairs an MILP answer that floating-point tolerance
+Two modes share one loop (look at the step where the predicted peak is, take the cheapest
+way of freeing bytes there, repeat):
+
+- ``mode="peak"`` (the default, the MILP's fallback, described below);
+- ``mode="delta"``: the DELTA-style heuristic (``swap_recompute`` with ``planner=False``),
+  a *filter* and a *director*; the paper's exact rules are not public, so these are
+  fxopt's own. The filter offers the tensors not decided yet, not read by a chosen
+  recompute, with a choice whose window covers the peak step and whose ``requires`` are all
+  kept (a large tensor with a long gap between its last forward use and first backward
+  use covers many steps, so it passes the filter at more peaks). The director takes the
+  lowest ``seconds / nbytes``; ties go to the larger tensor, then to recompute over swap
+  (recomputing moves nothing over the host link), then to the name. A decision is never
+  revisited and no sweep undoes one, so the sequence of choices does not depend on the
+  budget (it only says when to stop), every choice lowers the timeline pointwise, and a
+  lower budget never gives a higher predicted peak. ``details["order"]`` is the sequence.
+
+In the default mode it runs where the MILP cannot (scipy missing, a problem above its size
+limit, a time limit hit with no solution) and repairs an MILP answer that floating-point tolerance
 left a few bytes over the budget. Each round looks at the step where the predicted peak
 is and takes the cheapest way, in added seconds per byte, of freeing bytes there: a
 (tensor, choice) whose window holds that step, whose required tensors are kept and which
@@ -29,12 +45,20 @@ from fxopt.planner.activations import (
     evaluate,
 )
 
-__all__ = ["solve_greedy"]
+__all__ = ["GREEDY_MODES", "solve_greedy"]
+
+GREEDY_MODES = ("peak", "delta")
+_ACTION_RANK = {"recompute": 0, "swap": 1}
 
 
 def solve_greedy(problem: ActivationProblem, *, start: Mapping[str, Action] | None = None,
-                 **details: object) -> Decision:
-    """Greedy actions for ``problem``, starting from ``start`` (absent names are kept)."""
+                 mode: str = "peak", **details: object) -> Decision:
+    """Greedy actions for ``problem``, starting from ``start`` (absent names are kept);
+    ``mode`` is one of :data:`GREEDY_MODES` (module doc)."""
+    if mode not in GREEDY_MODES:
+        raise ValueError(f"fxopt: greedy mode {mode!r} is not one of {GREEDY_MODES}")
+    if mode == "delta":
+        return _solve_delta(problem)
     state = _State(problem, dict(start or {}))
     budget = problem.budget_bytes
     best_peak, best_round, moves = state.current.max(initial=0), 0, []
@@ -57,6 +81,18 @@ def solve_greedy(problem: ActivationProblem, *, start: Mapping[str, Action] | No
             state.apply(*move)
     state.undo_unneeded(budget)
     return evaluate(problem, state.actions, "greedy", **details)
+
+
+def _solve_delta(problem: ActivationProblem) -> Decision:
+    state = _State(problem, {})
+    order: list[str] = []
+    while state.current.size and state.current.max() > problem.budget_bytes:
+        candidate = state.best_candidate(int(state.current.argmax()), delta=True)
+        if candidate is None:
+            break
+        state.apply(*candidate)
+        order.append(candidate[0].name)
+    return evaluate(problem, state.actions, "delta", order=order)
 
 
 class _State:
@@ -89,19 +125,29 @@ class _State:
             if action != "keep":
                 self.apply(self.acts[name], action)
 
-    def best_candidate(self, step: int) -> tuple[SavedActivation, Action] | None:
+    def best_candidate(self, step: int, *, delta: bool = False
+                       ) -> tuple[SavedActivation, Action] | None:
         """The cheapest (tensor, action) that frees bytes at ``step``: a kept tensor's choice,
-        or a not-kept tensor's other choice when its current one leaves ``step`` resident."""
+        or (not in the ``delta`` mode) a not-kept tensor's other choice when its current one
+        leaves ``step`` resident."""
         if not self.pairs:
             return None
         owners = self.owner
         covers = (self.start <= step) & (step < self.end)
-        freed_now = self.taken & (self.cur_start <= step) & (step < self.cur_end)
-        mask = covers & ~freed_now[owners] & (self.pinned[owners] == 0) & (self.pair_bytes > 0)
+        decided = self.taken if delta else (
+            self.taken & (self.cur_start <= step) & (step < self.cur_end))
+        mask = covers & ~decided[owners] & (self.pinned[owners] == 0) & (self.pair_bytes > 0)
         rate = (self.seconds - self.cur_seconds[owners]) / np.maximum(self.pair_bytes, 1)
-        # Cheapest seconds per freed byte; ties: more bytes, then problem order (lexsort is
-        # stable and sorts by its last key first).
-        order = np.lexsort((-self.pair_bytes, rate))
+        # Cheapest seconds per freed byte; ties: more bytes, then problem order, or in the
+        # delta mode recompute first, then the name (lexsort is stable and sorts by its last
+        # key first).
+        if delta:
+            names = np.argsort(np.argsort([self.problem.activations[i].name
+                                           for i, _ in self.pairs], kind="stable"))
+            actions = np.array([_ACTION_RANK[c.action] for _, c in self.pairs])
+            order = np.lexsort((names, actions, -self.pair_bytes, rate))
+        else:
+            order = np.lexsort((-self.pair_bytes, rate))
         for k in order[mask[order]]:
             owner, choice = self.pairs[k]
             if not any(self.taken[self.index[dep]] for dep in choice.requires):

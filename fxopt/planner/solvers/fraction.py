@@ -3,9 +3,8 @@
 ``memory_budget=f`` (or ``"50%"``) bounds what ``fxopt.analysis.measure_saved_bytes``
 measures (saved-tensor hooks; parameters, buffers and inputs excluded): the bytes one
 step keeps for backward. It is what Inductor's ``activation_memory_budget`` bounds, so the
-two compare. Each graph of a model is held to ``f`` x its own plain saved bytes, so the
-sum over graphs is within ``f`` x the total (sharing the budget across graphs by their
-time-memory frontiers is a later issue).
+two compare. The budget is the model's: graphs share it as they compile
+(:mod:`fxopt.planner.ledger`), and :func:`solve_fraction` answers one graph's share.
 
 The problem (:class:`SavedBytesProblem`, plain data; :func:`fxopt.planner.joint.
 saved_bytes_problem` builds it from a joint graph) is exact for the partitioner fxopt's fx

@@ -1,0 +1,233 @@
+"""The one way a plan is made: :func:`plan_step` (a step's problem, a budget, a machine in;
+a JSON-serialisable :class:`~fxopt.planner.plan.Plan` out).
+
+The ``swap_recompute`` pass, ``fxopt plan`` and explain (which shows the pass's plan) all
+call it, so a plan saved by ``fxopt plan --save`` is the plan compilation builds and
+replays. Its input is plain data: a :class:`StepProblem`, which
+:func:`fxopt.planner.joint.step_problem` builds from a joint graph (the graph is never
+edited here; the pass applies the plan).
+
+What a budget means, and who decides it:
+
+- a fraction ``f`` bounds the bytes kept for backward to ``f`` x plain autograd's
+  (:mod:`fxopt.planner.solvers.fraction`, recompute only). Below the floor (everything
+  recomputable recomputed) the floor's plan is returned with one warning naming the floor
+  as a fraction and in bytes, or :class:`InfeasibleBudget` is raised under ``strict``.
+  When the problem offers swaps only (``force_swap``), a fraction bounds the peak instead
+  (:func:`budget_bytes_for`).
+- bytes bound the predicted peak of the step (parameters, inputs, gradients, activations
+  and temporaries; optimizer state lives outside the compiled step). ``solver`` picks who
+  decides: ``"milp"`` (:mod:`fxopt.planner.solvers.milp`, the default; one that raises is
+  answered by the greedy solver with a warning, and raises under ``strict``), ``"delta"``
+  (the greedy solver's DELTA mode) or ``"greedy"``. A budget that cannot be met warns
+  naming the lowest peak reached and returns that plan, or raises under ``strict``. A
+  byte budget below the parameters and inputs warns that a fraction was probably meant.
+- ``ledger``: the model's :class:`~fxopt.planner.ledger.BudgetLedger`: a fraction is then
+  the model's, shared by its graphs (:mod:`fxopt.planner.ledger`), and the graph's share
+  is recorded in it; ``share_bytes`` (from :func:`~fxopt.planner.ledger.
+  split_by_frontiers`) sets the share instead.
+- ``replay``: a saved plan, checked against the problem's fingerprint (another graph is
+  refused naming the first node that differs) and returned as saved: the user's choice,
+  neither warned about nor refused for missing its budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from fxopt.planner.activations import ActivationProblem, Decision, evaluate
+from fxopt.planner.hardware import HardwareProfile
+from fxopt.planner.ledger import BudgetLedger
+from fxopt.planner.plan import Plan
+from fxopt.planner.solvers.fraction import SavedBytesProblem, replay_fraction, solve_fraction
+from fxopt.planner.solvers.greedy import solve_greedy
+from fxopt.planner.solvers.milp import DEFAULT_TIME_LIMIT, solve_activations
+from fxopt.units import format_mib
+
+__all__ = ["SOLVERS", "InfeasibleBudget", "StepProblem", "budget_bytes_for", "plan_step"]
+
+log = logging.getLogger(__name__)
+
+SOLVERS = ("milp", "delta", "greedy")
+
+
+class InfeasibleBudget(RuntimeError):
+    """No plan reaches ``memory_budget`` (raised under ``strict``)."""
+
+
+@dataclass(frozen=True)
+class StepProblem:
+    """One graph's decision problem, plain data. ``activations``' budget is the keep-all peak
+    (:func:`plan_step` sets the budget's); ``fraction_bounds_peak``: only swaps are offered,
+    so a fraction bounds the peak, not the saved bytes."""
+
+    graph: str
+    fingerprint: tuple[str, ...]
+    activations: ActivationProblem
+    saved_bytes: SavedBytesProblem
+    keep_all_peak_bytes: int
+    baseline_bytes: int          # parameters and inputs
+    activation_bytes: int        # plain autograd's saved bytes
+    step_seconds: float          # predicted, everything kept
+    fraction_bounds_peak: bool = False
+
+
+def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
+              solver: str = "milp", replay: Plan | None = None, strict: bool = False,
+              time_limit: float = DEFAULT_TIME_LIMIT, ledger: BudgetLedger | None = None,
+              share_bytes: int | None = None) -> Plan:
+    """The plan for ``problem`` under ``budget`` (``fxopt.config.MemoryBudget``, or None:
+    keep everything, or replay ``replay``) on ``hardware``; see the module doc."""
+    if solver not in SOLVERS:
+        raise ValueError(f"fxopt: solver {solver!r} is not one of {SOLVERS}")
+    began = time.perf_counter()
+    if replay is not None:
+        replay.check_fingerprint(list(problem.fingerprint))
+    fraction = getattr(budget, "fraction", None)
+    if replay is not None and "fraction" in replay.extra:
+        plan = _fraction_plan(problem, replay.extra["fraction"], hardware, strict, replay,
+                              ledger, share_bytes)
+    elif replay is None and fraction is not None and not problem.fraction_bounds_peak:
+        plan = _fraction_plan(problem, fraction, hardware, strict, None, ledger, share_bytes)
+    else:
+        plan = _peak_plan(problem, budget, hardware, solver, replay, strict, time_limit)
+    plan.graph = problem.graph
+    plan.fingerprint = list(problem.fingerprint)
+    plan.predictions.setdefault("step_seconds", problem.step_seconds)
+    plan.planning_seconds = time.perf_counter() - began
+    return plan
+
+
+def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> int:
+    """A peak budget in bytes from an option value: bytes (a bound on the step's predicted
+    peak, weights and gradients included) or a fraction ``f`` of plain autograd's
+    activation memory (the peak when only ``f`` of the activations may stay resident:
+    ``keep_all_peak - (1 - f) * activation_bytes``). Takes ``fxopt.config.MemoryBudget``
+    or a plain int/float."""
+    value_bytes = getattr(budget, "bytes", budget if isinstance(budget, int) else None)
+    fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
+    if isinstance(value_bytes, int) and not isinstance(value_bytes, bool) and value_bytes > 0:
+        return value_bytes
+    if isinstance(fraction, float) and 0 < fraction <= 1:
+        return int(keep_all_peak - (1 - fraction) * activation_bytes)
+    raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes nor a "
+                     "fraction in (0, 1]")
+
+
+def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProfile,
+                   strict: bool, replay: Plan | None, ledger: BudgetLedger | None,
+                   share_bytes: int | None) -> Plan:
+    saved = problem.saved_bytes
+    shared = ledger is not None and bool(ledger.shares)  # graphs before this one
+    if share_bytes is not None:
+        target = share_bytes
+    elif ledger is not None:
+        target = ledger.share_for(fraction, saved.plain_bytes)
+    else:
+        target = int(fraction * saved.plain_bytes)
+    if replay is None:
+        decision = solve_fraction(saved, target)
+    else:
+        try:
+            decision = replay_fraction(saved, target, replay.actions)
+        except KeyError as error:
+            raise ValueError(f"fxopt: the plan of graph {replay.graph or '?'} does not match "
+                             f"this graph (no saved tensor {error}); plan it again") from error
+    if not decision.feasible and replay is None:
+        within = (f"its share ({target} bytes) of memory_budget {fraction:g} of the model's "
+                  f"plain saved bytes (this graph's: {decision.plain_bytes} bytes), what the "
+                  f"{len(ledger.shares)} graphs compiled before it left" if shared else
+                  f"memory_budget {fraction:g} of plain autograd's ({decision.plain_bytes} "
+                  "bytes)")
+        message = (f"fxopt: swap_recompute cannot keep {problem.graph}'s saved bytes within "
+                   f"{within}: the floor, with everything recomputable recomputed, is "
+                   f"{decision.floor_fraction:.3f} ({decision.floor_bytes} bytes)")
+        if strict:
+            raise InfeasibleBudget(message)
+        warnings.warn(f"{message}; applying the floor's plan", stacklevel=4)
+    plan = Plan.from_fraction(decision, saved, hardware, fraction)
+    plan.extra["tagged"] = list(decision.tagged)
+    if ledger is not None:
+        ledger.record(problem.graph, decision.plain_bytes, target, decision.kept_bytes)
+        plan.extra["model"] = {"graphs": len(ledger.shares), "plain_bytes": ledger.plain_bytes,
+                               "kept_bytes": ledger.kept_bytes}
+    return plan
+
+
+def _peak_plan(problem: StepProblem, budget: Any, hardware: HardwareProfile, solver: str,
+               replay: Plan | None, strict: bool, time_limit: float) -> Plan:
+    value_bytes = getattr(budget, "bytes", None)
+    if value_bytes is not None and value_bytes < problem.baseline_bytes:
+        warnings.warn(f"fxopt: memory_budget {value_bytes} bytes is below {problem.graph}'s "
+                      f"parameters and inputs ({problem.baseline_bytes} bytes): did you mean "
+                      f"a fraction? (e.g. 0.5 keeps half of plain autograd's saved bytes)",
+                      stacklevel=4)
+    if budget is not None:
+        bound = budget_bytes_for(budget, problem.keep_all_peak_bytes, problem.activation_bytes)
+    else:
+        bound = (replay.budget_bytes if replay is not None else None) \
+            or problem.keep_all_peak_bytes
+    activations = dataclasses.replace(problem.activations, budget_bytes=bound)
+    if replay is not None:
+        decision = _replayed(activations, replay)
+    else:
+        decision = _solve(activations, solver, strict, time_limit, problem.graph)
+    if not decision.feasible and replay is None:
+        message = (f"fxopt: swap_recompute cannot fit {problem.graph} in memory_budget "
+                   f"{budget} (a predicted peak of {format_mib(bound)} MiB): the lowest "
+                   f"predicted peak reachable is {format_mib(decision.peak_bytes)} MiB "
+                   f"({decision.peak_bytes} bytes; "
+                   f"{format_mib(problem.keep_all_peak_bytes)} MiB with everything kept)")
+        if strict:
+            raise InfeasibleBudget(message)
+        warnings.warn(f"{message}; using the plan that reaches it", stacklevel=4)
+    plan = Plan.from_decision(decision, hardware, bound,
+                              keep_all_peak_bytes=problem.keep_all_peak_bytes,
+                              activation_bytes=problem.activation_bytes,
+                              step_seconds=problem.step_seconds)
+    plan.extra["tensors"] = _tensor_rows(activations, decision)
+    plan.extra["order"] = list(decision.details.get("order", sorted(decision.actions)))
+    return plan
+
+
+def _replayed(problem: ActivationProblem, replay: Plan) -> Decision:
+    try:
+        return evaluate(problem, replay.actions, "plan", status="replayed from a plan",
+                        order=replay.extra.get("order", sorted(replay.actions)))
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"fxopt: the plan of graph {replay.graph or '?'} does not match "
+                         f"this graph ({error}); plan it again") from error
+
+
+def _solve(problem: ActivationProblem, solver: str, strict: bool, time_limit: float,
+           graph: str) -> Decision:
+    """The solver's answer; an MILP that raises (scipy's ``milp``, say) is answered by the
+    greedy solver with a warning, and raises only under ``strict``."""
+    if solver != "milp":
+        return solve_greedy(problem, mode="delta" if solver == "delta" else "peak")
+    try:
+        return solve_activations(problem, time_limit=time_limit)
+    except Exception as error:
+        if strict:
+            raise
+        warnings.warn(f"fxopt: swap_recompute's solver failed on {graph} "
+                      f"({type(error).__name__}: {error}); used the greedy solver instead. "
+                      "Set options={'strict': True} to raise instead.", stacklevel=5)
+        log.debug("fxopt: traceback of the failed solver", exc_info=True)
+        return solve_greedy(problem, status=f"fallback: solver raised {type(error).__name__}")
+
+
+def _tensor_rows(problem: ActivationProblem, decision: Decision) -> list[dict[str, object]]:
+    """Per saved tensor: its action, bytes and predicted added seconds (explain's table)."""
+    rows = []
+    for act in problem.activations:
+        action = decision.actions.get(act.name, "keep")
+        choice = act.choice(action) if action != "keep" else None
+        rows.append({"tensor": act.name, "bytes": act.nbytes, "action": action,
+                     "seconds": choice.seconds if choice else 0.0})
+    return rows

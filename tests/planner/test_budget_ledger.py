@@ -1,0 +1,94 @@
+"""A fraction budget is the model's: with a graph break, the graphs share it through the
+backend's ledger, and the saved bytes measured over all graphs stay within ``f`` x plain
+autograd's over all graphs."""
+
+import pytest
+import torch
+from torch import nn
+
+import fxopt
+from fxopt.analysis import measure_saved_bytes
+from fxopt.planner.ledger import BudgetLedger, split_by_frontiers
+from fxopt.planner.solvers.fraction import RecomputeOption, SavedBytesProblem, solve_fraction
+from fxopt.testing import assert_same_as_eager
+
+
+class BrokenMLP(nn.Module):
+    """Two MLPs with a data-dependent branch between them: Dynamo compiles two graphs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = nn.Sequential(nn.Linear(48, 192), nn.GELU(), nn.Linear(192, 192),
+                                   nn.Tanh(), nn.Linear(192, 48))
+        self.second = nn.Sequential(nn.Linear(48, 96), nn.Sigmoid(), nn.Linear(96, 96),
+                                    nn.GELU(), nn.Linear(96, 8))
+
+    def forward(self, x):
+        h = self.first(x)
+        if h.abs().sum() >= 0:  # always true; a tensor's truth value breaks the graph
+            h = h * 2
+        return self.second(h)
+
+
+def _saved_bytes(model, x, fn):
+    return measure_saved_bytes(fn, exclude=[*model.parameters(), x]).bytes
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.3])
+def test_graphs_share_one_budget_and_the_model_keeps_within_it(fraction):
+    x = torch.randn(64, 48)
+    plain_model = BrokenMLP()
+    plain = _saved_bytes(plain_model, x, lambda: plain_model(x))
+    comparison = assert_same_as_eager(BrokenMLP(), (x,),
+                                     {"memory_budget": fraction})
+    stats = [r.stats for r in comparison.passes if r.name == "swap_recompute"]
+    assert len(stats) == 2 and comparison.fired("swap_recompute")
+    first, second = stats
+    assert (first["model_graphs"], second["model_graphs"]) == (1, 2)
+    # the second graph's share is what the budget leaves after the first graph
+    assert second["share_bytes"] == int(fraction * second["model_plain_saved_bytes"]) \
+        - first["saved_bytes_after"]
+    assert second["model_saved_bytes_after"] <= fraction * second["model_plain_saved_bytes"]
+
+    model = BrokenMLP()
+    compiled = torch.compile(model, backend=fxopt.backend(memory_budget=fraction))
+    compiled(x)  # compiles both graphs
+    measured = _saved_bytes(model, x, lambda: compiled(x))
+    assert measured <= fraction * plain, (measured, plain)
+
+
+def test_what_an_earlier_graph_leaves_unused_is_the_next_graphs():
+    ledger = BudgetLedger()
+    assert ledger.share_for(0.5, 1000) == 500
+    ledger.record("g0", 1000, 500, 300)        # kept 200 bytes less than its share
+    assert ledger.share_for(0.5, 1000) == 700  # 0.5 x 2000 - 300
+    ledger.record("g1", 1000, 700, 900)        # above its share (its floor)
+    assert ledger.share_for(0.5, 400) == 0     # 0.5 x 2400 - 1200: nothing left
+    assert (ledger.plain_bytes, ledger.kept_bytes) == (2000, 1200)
+
+
+def test_explain_shows_each_graphs_share_of_the_models_budget():
+    report = fxopt.explain(BrokenMLP(), torch.randn(64, 48), options={"memory_budget": 0.5})
+    text = str(report)
+    assert text.count("of the model's budget, graph") == 2, text
+    assert "graph 1: the model keeps" in text and "graph 2: the model keeps" in text
+
+
+def _one_tensor_graph(name, seconds):
+    """A graph with one 100-byte saved tensor whose recompute costs ``seconds``."""
+    return SavedBytesProblem({name: 100}, (), (RecomputeOption(name, (name,), (f"n{name}",)),),
+                             {f"n{name}": seconds})
+
+
+def test_split_by_frontiers_gives_the_bytes_where_they_save_the_most_time():
+    costly, cheap = _one_tensor_graph("a", 10.0), _one_tensor_graph("b", 1.0)
+    # compiled one at a time, the first graph gets half of its own and must recompute
+    ledger = BudgetLedger()
+    first = solve_fraction(costly, ledger.share_for(0.5, costly.plain_bytes))
+    assert first.recompute == ("a",) and first.added_seconds == 10.0
+    # known together, the budget's 100 bytes go to the costly graph: 1 s instead of 10 s
+    assert split_by_frontiers([costly, cheap], 0.5) == [100, 0]
+    assert split_by_frontiers([cheap, costly], 0.5) == [0, 100]
+    assert split_by_frontiers([costly, cheap], 0.0) == [0, 0]  # the floors
+    assert split_by_frontiers([costly, cheap], 1.0) == [100, 100]
