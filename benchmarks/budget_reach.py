@@ -1,9 +1,11 @@
 """How far ``memory_budget`` gets: bytes kept for backward, measured, as a fraction of plain
-autograd's, on GPT-2 and BERT (transformers, 2 layers, 64 wide, dropout 0.1, training
-mode) and a 3-block MLP (Linear-GELU-Linear-LayerNorm, batch 32).
+autograd's, on transformers' GPT-2, BERT, Llama, T5, ResNet and ViT (2 layers or stages,
+64 wide, random weights, dropout where the config has it, training mode), a 3-block MLP
+(Linear-GELU-Linear-LayerNorm, batch 32), an ``nn.LSTM`` language model and a hand-written
+LSTM (a Python loop over an LSTM cell).
 
     PYTHONPATH=. python benchmarks/budget_reach.py [--budgets 0.9 0.7 0.5 0.3] \
-        [--models gpt2 bert mlp] [--tempo]
+        [--models gpt2 bert llama t5 resnet vit mlp lstm handlstm] [--tempo] [--fuse-rnn]
 
 For each model and fraction ``f`` it compiles with ``memory_budget=f, strict=True``, runs
 one forward under saved-tensor hooks (:func:`fxopt.analysis.measure_saved_bytes`;
@@ -16,11 +18,13 @@ Measured bytes, not timings: the figures are the same on any CPU.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 import fxopt
+from fxopt import _compat
 from fxopt.analysis import measure_saved_bytes
 from fxopt.passes.swap_recompute import InfeasibleBudget
 
@@ -38,26 +42,89 @@ class MLP(nn.Module):
         return x.square().mean()
 
 
+class LSTMLanguageModel(nn.Module):
+    """Embedding, a 2-layer ``nn.LSTM`` (traced only under Dynamo's ``allow_rnn``), a head."""
+
+    def __init__(self, vocab: int = 97, hidden: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        states, _ = self.lstm(self.embed(input_ids))
+        return nn.functional.cross_entropy(self.head(states).flatten(0, 1), labels.flatten())
+
+
+class HandLSTM(nn.Module):
+    """An LSTM cell as research code writes it (gate order i, f, o, g), stepped in a loop."""
+
+    def __init__(self, features: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.wi, self.wh = nn.Linear(features, 4 * hidden), nn.Linear(hidden, 4 * hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = c = x.new_zeros(x.shape[1], self.hidden)
+        for t in range(x.shape[0]):
+            i, f, o, g = (self.wi(x[t]) + self.wh(h)).chunk(4, dim=-1)
+            c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+            h = o.sigmoid() * c.tanh()
+        return h.square().mean()
+
+
+MODELS = ("gpt2", "bert", "llama", "t5", "resnet", "vit", "mlp", "lstm", "handlstm")
+RNN_MODELS = ("lstm", "handlstm")  # the models fuse_rnn applies to
+
+
+def _transformers_model(name: str, hidden: int, seq: int) -> nn.Module:
+    """A randomly initialised transformers model at 2 layers (or stages), no download."""
+    import transformers as tf
+
+    small = {"vocab_size": 97, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 2 * hidden, "hidden_size": hidden}
+    if name == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(
+            vocab_size=97, n_positions=2 * seq, n_embd=hidden, n_layer=2, n_head=2,
+            bos_token_id=96, eos_token_id=96))
+    if name == "bert":
+        return tf.BertForMaskedLM(tf.BertConfig(**{**small, "intermediate_size": 4 * hidden},
+                                                max_position_embeddings=2 * seq))
+    if name == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**small, num_key_value_heads=2,
+                                                  max_position_embeddings=2 * seq))
+    if name == "t5":
+        return tf.T5ForConditionalGeneration(tf.T5Config(
+            vocab_size=97, d_model=hidden, d_kv=hidden // 2, d_ff=2 * hidden, num_layers=2,
+            num_heads=2, decoder_start_token_id=0, pad_token_id=0))
+    if name == "resnet":
+        return tf.ResNetForImageClassification(tf.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10))
+    return tf.ViTForImageClassification(tf.ViTConfig(
+        **{k: v for k, v in small.items() if k != "vocab_size"}, image_size=32, patch_size=8,
+        num_labels=10))
+
+
 def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4
           ) -> tuple[nn.Module, dict]:
-    """The model (training mode) and its keyword inputs; transformers' at 2 layers."""
-    import transformers
-
+    """The model (training mode) and its keyword inputs, at a tiny size."""
     torch.manual_seed(0)
+    data = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 97, (batch, seq), generator=data)
     if name == "mlp":
-        return MLP(hidden, 4 * hidden), {"x": torch.randn(8 * batch, hidden)}
-    if name == "gpt2":
-        config = transformers.GPT2Config(vocab_size=97, n_positions=2 * seq, n_embd=hidden,
-                                         n_layer=2, n_head=2, bos_token_id=96, eos_token_id=96)
-        model = transformers.GPT2LMHeadModel(config)
-    else:
-        config = transformers.BertConfig(vocab_size=97, hidden_size=hidden, num_hidden_layers=2,
-                                         num_attention_heads=2, intermediate_size=4 * hidden,
-                                         max_position_embeddings=2 * seq)
-        model = transformers.BertForMaskedLM(config)
+        return MLP(hidden, 4 * hidden), {"x": torch.randn(8 * batch, hidden, generator=data)}
+    if name == "lstm":
+        return LSTMLanguageModel(97, hidden).train(), {"input_ids": ids, "labels": ids}
+    if name == "handlstm":
+        return HandLSTM(hidden // 2, hidden).train(), {
+            "x": torch.randn(seq // 4, batch, hidden // 2, generator=data)}
+    model = _transformers_model(name, hidden, seq)
     model.config._attn_implementation = "eager"
     model.config.use_cache = False  # training; a cache would grow when a block recomputes
-    ids = torch.randint(0, 97, (batch, seq), generator=torch.Generator().manual_seed(0))
+    if name in ("resnet", "vit"):
+        pixels = torch.randn(batch, 3, 32, 32, generator=data)
+        return model.train(), {"pixel_values": pixels,
+                               "labels": torch.randint(0, 10, (batch,), generator=data)}
     return model.train(), {"input_ids": ids, "labels": ids}
 
 
@@ -88,47 +155,99 @@ def _caused_by_infeasible(error: BaseException | None) -> bool:
     return False
 
 
+@dataclass
+class Row:
+    """One model at one budget: measured fraction kept, the reported floor (largest over the
+    model's graphs), whether loss and gradients equal the reference's bitwise and the
+    largest relative difference, or the ``InfeasibleBudget`` message."""
+
+    kept: float | None
+    floor: float | None
+    bitwise: bool
+    max_rel_diff: float
+    infeasible: str | None = None
+
+
+def options_for(name: str, tempo: bool = False, fuse_rnn: bool = False) -> dict:
+    """The passes besides the budget: tempo anywhere, fuse_rnn on the LSTM models."""
+    return {**({"tempo": True} if tempo else {}),
+            **({"fuse_rnn": True} if fuse_rnn and name in RNN_MODELS else {})}
+
+
+def reference_step(model, kwargs, options: dict):
+    """Loss, gradients and saved bytes of eager (plain autograd) and of the reference the
+    budgeted runs must equal: eager, or fxopt with the same passes and no budget where a
+    pass (tempo, fuse_rnn) changes the numerics."""
+    eager_loss, eager_grads, plain = step(model, kwargs, model)
+    if not options:
+        return eager_loss, eager_grads, plain
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=fxopt.backend(**options))
+    step(model, kwargs, compiled)
+    loss, grads, _ = step(model, kwargs, compiled)
+    return loss, grads, plain
+
+
+def _max_rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    return max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+               for a, b in zip(got, want))
+
+
+def measure(model, kwargs, budget: float, options: dict, reference) -> Row:
+    """Compile with ``memory_budget=budget, strict=True`` (and ``options``), run two steps
+    (the first compiles), compare the second with ``reference`` = (loss, grads, plain)."""
+    ref_loss, ref_grads, plain = reference
+    torch._dynamo.reset()
+    backend = fxopt.backend(memory_budget=budget, strict=True, **options)
+    compiled = torch.compile(model, backend=backend)
+    try:
+        step(model, kwargs, compiled)
+        loss, grads, saved = step(model, kwargs, compiled)
+    except Exception as error:  # a report: anything not infeasible re-raises
+        if not _caused_by_infeasible(error):
+            raise
+        return Row(None, None, False, float("nan"), str(error).splitlines()[0])
+    if len(grads) != len(ref_grads):
+        raise AssertionError(f"{len(grads)} gradients, the reference has {len(ref_grads)}")
+    bitwise = bool(torch.equal(loss, ref_loss)
+                   and all(torch.equal(a, b) for a, b in zip(grads, ref_grads)))
+    floors = [r.stats.get("floor_fraction") for g in backend.graphs
+              for r in g.pass_records("swap_recompute")]
+    floor = max((f for f in floors if f is not None), default=None)
+    return Row(saved / plain, floor, bitwise, _max_rel_diff([loss, *grads], [ref_loss, *ref_grads]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.9, 0.7, 0.5, 0.3])
-    parser.add_argument("--models", nargs="+", default=["gpt2", "bert", "mlp"])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--tempo", action="store_true", help="tempo on as well")
+    parser.add_argument("--fuse-rnn", action="store_true",
+                        help="fuse_rnn on as well (on the LSTM models)")
     args = parser.parse_args()
-    reference = "fxopt with tempo and no budget" if args.tempo else "eager"
-    print(f"torch {torch.__version__}{', tempo on' if args.tempo else ''}; fraction = measured "
-          f"saved bytes / eager's; grads = loss and every gradient bitwise equal to "
-          f"{reference}'s")
-    print(f"{'model':<6}{'budget':>7}{'kept':>8}{'floor':>8}  grads  note")
+    print(f"torch {torch.__version__}; kept = measured saved bytes / eager's; grads = loss and "
+          f"every gradient vs eager's, or vs fxopt with the same passes and no budget where "
+          f"tempo or fuse_rnn is on (they change the numerics); rel = largest relative "
+          f"difference")
+    print(f"{'model':<9}{'passes':<16}{'budget':>7}{'kept':>8}{'floor':>8}  grads   "
+          f"{'rel':>8}  note")
     for name in args.models:
         model, kwargs = build(name)
-        eager_loss, eager_grads, plain = step(model, kwargs, model)
-        if args.tempo:  # tempo changes the numerics: the reference is tempo without a budget
-            torch._dynamo.reset()
-            reference = torch.compile(model, backend=fxopt.backend(tempo=True))
-            step(model, kwargs, reference)
-            eager_loss, eager_grads, _ = step(model, kwargs, reference)
-        for budget in args.budgets:
-            torch._dynamo.reset()
-            backend = fxopt.backend(memory_budget=budget, strict=True,
-                                    **({"tempo": True} if args.tempo else {}))
-            compiled = torch.compile(model, backend=backend)
-            try:
-                step(model, kwargs, compiled)  # compiles forward and backward
-                loss, grads, saved = step(model, kwargs, compiled)
-            except Exception as error:  # a report: anything not infeasible re-raises
-                if not _caused_by_infeasible(error):
-                    raise
-                print(f"{name:<6}{budget:>7}{'-':>8}{'':>8}  -      InfeasibleBudget: "
-                      f"{str(error).splitlines()[0][:90]}")
-                continue
-            same = bool(torch.equal(loss, eager_loss) and len(grads) == len(eager_grads)
-                        and all(torch.equal(a, b) for a, b in zip(grads, eager_grads)))
-            floors = [r.stats.get("floor_fraction") for g in backend.graphs
-                      for r in g.pass_records("swap_recompute")]
-            floor = max((f for f in floors if f is not None), default=None)
-            floor_text = f"{floor:.3f}" if floor is not None else "-"
-            print(f"{name:<6}{budget:>7}{saved / plain:>8.3f}{floor_text:>8}  "
-                  f"{'equal' if same else 'DIFFER'}  plain {plain:,} B")
+        options = options_for(name, args.tempo, args.fuse_rnn)
+        passes = "+".join(options) or "-"
+        with _compat.dynamo_allow_rnn():
+            reference = reference_step(model, kwargs, options)
+            for budget in args.budgets:
+                row = measure(model, kwargs, budget, options, reference)
+                if row.infeasible is not None:
+                    print(f"{name:<9}{passes:<16}{budget:>7}{'-':>8}{'':>8}  -       "
+                          f"{'':>8}  InfeasibleBudget: {row.infeasible[:90]}")
+                    continue
+                floor = f"{row.floor:.3f}" if row.floor is not None else "-"
+                within = "" if row.kept <= budget * 1.05 else "  OVER f x 1.05"
+                print(f"{name:<9}{passes:<16}{budget:>7}{row.kept:>8.3f}{floor:>8}  "
+                      f"{'equal ' if row.bitwise else 'differ'}  {row.max_rel_diff:>8.1e}  "
+                      f"plain {reference[2]:,} B{within}")
 
 
 if __name__ == "__main__":

@@ -94,14 +94,22 @@ def estimate_step_memory(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule) -> Memory
 
 
 def estimate_joint_memory(joint_gm: fx.GraphModule, num_fwd_outputs: int) -> MemoryEstimate:
-    """The joint graph, run as the default partition would: the forward region (nodes that do
-    not depend on a tangent) first, then the backward region. A forward value is saved when
-    a backward node uses it."""
+    """The joint graph, run as the default partition would: the forward region first, then
+    the backward region. A forward value is saved when a backward node uses it.
+
+    The regions are the default partitioner's: AOTAutograd tags each joint node
+    ``partitioner_tag`` ``is_forward``, ``is_backward`` or ``must_be_in_forward`` (a
+    buffer's ``copy_``), and the partitioner places it by its tag. A backward node that reads
+    no tangent (``rsqrt(v) ** 3`` in RMSNorm's gradient) is tagged ``is_backward`` and
+    computed in the backward from the saved input; counting it as saved overstated Llama's
+    plain saved bytes by 11%. Untagged nodes (graphs built by hand) are backward when they
+    depend on a tangent."""
     phs = _placeholders(joint_gm)
     tangents = [p for p in phs if _is_tangent(p)]
     backward: set[fx.Node] = set(tangents)
     for node in joint_gm.graph.nodes:
-        if node.op != "output" and any(i in backward for i in node.all_input_nodes):
+        if node.op != "output" and (node.meta.get("partitioner_tag") == "is_backward" or any(
+                i in backward for i in node.all_input_nodes)):
             backward.add(node)
     compute = _compute_nodes(joint_gm)
     fw_nodes = [n for n in compute if n not in backward]

@@ -9,7 +9,15 @@ says which nodes were added, removed, replaced and changed:
 - a node that is gone was *replaced* when a new node's provenance
   (``node.meta["fxopt"]["replaces"]``, passes README rule 5) names it;
 - a node present on both sides *changed* when its op, target, inputs, shapes or dtypes did
-  (users of a replaced node change this way: their inputs now name the replacement).
+  (users of a replaced node change this way: their inputs now name the replacement);
+- a node otherwise unchanged was *annotated* when its ``fxopt`` metadata changed: how
+  swap_recompute acts (it tags nodes ``recompute`` for the partitioner, the graph itself
+  stays the same).
+
+A pass that writes a plan (swap_recompute) gets its :class:`PlanEffect`: the saved tensors
+per action (recompute, swap, keep) from the plan file, and the predicted saved bytes and
+peak before (the pass's input graph) and after (the partitioned step: the next stage's
+input of the same graph, which is where the plan takes effect).
 
 :func:`dump_comparisons` pairs the final graphs of two dumps (two option sets, two fxopt
 versions) graph by graph, in capture order. The renderers (text, HTML) only format these.
@@ -25,7 +33,7 @@ from typing import Any
 
 from fxopt.debug.dump import INDEX
 
-__all__ = ["DumpError", "Dump", "Snapshot", "SnapshotDiff", "Step", "load_dump",
+__all__ = ["DumpError", "Dump", "PlanEffect", "Snapshot", "SnapshotDiff", "Step", "load_dump",
            "diff_snapshots", "pass_steps", "dump_comparisons"]
 
 
@@ -59,6 +67,7 @@ class SnapshotDiff:
     removed: list[dict[str, Any]]
     changed: list[tuple[dict[str, Any], dict[str, Any]]]
     replaced_by: dict[str, list[str]] = field(default_factory=dict)
+    annotated: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
 
     @property
     def replaces(self) -> dict[str, list[str]]:
@@ -68,6 +77,22 @@ class SnapshotDiff:
             for new in new_names:
                 inverse.setdefault(new, []).append(old)
         return inverse
+
+
+@dataclass
+class PlanEffect:
+    """What a planning pass decided (see the module docstring): saved tensors as
+    (action, name, bytes) in graph order, and predicted bytes before -> after (None where
+    the dump does not say; a byte-budget plan names only the tensors it acts on)."""
+
+    tensors: list[tuple[str, str, int | None]]
+    saved_before: int | None
+    saved_after: int | None
+    peak_before: int | None
+    peak_after: int | None
+
+    def count(self, action: str) -> int:
+        return sum(1 for a, _, _ in self.tensors if a == action)
 
 
 @dataclass
@@ -82,6 +107,7 @@ class Step:
     after: Snapshot
     before_file: Path
     after_file: Path
+    plan: PlanEffect | None = None
 
     @functools.cached_property
     def diff(self) -> SnapshotDiff:
@@ -171,6 +197,9 @@ def diff_snapshots(before: Snapshot, after: Snapshot) -> SnapshotDiff:
     added = [n for n in after.nodes if n["name"] not in old]
     changed = [(old[n["name"]], n) for n in after.nodes
                if n["name"] in old and _signature(old[n["name"]]) != _signature(n)]
+    annotated = [(old[n["name"]], n) for n in after.nodes
+                 if n["name"] in old and _signature(old[n["name"]]) == _signature(n)
+                 and (old[n["name"]].get("fxopt") or {}) != (n.get("fxopt") or {})]
     gone = {n["name"] for n in removed}
     replaced_by: dict[str, list[str]] = {}
     for node in added:
@@ -178,7 +207,7 @@ def diff_snapshots(before: Snapshot, after: Snapshot) -> SnapshotDiff:
         for name in [replaces] if isinstance(replaces, str) else replaces:
             if name in gone:
                 replaced_by.setdefault(name, []).append(node["name"])
-    return SnapshotDiff(added, removed, changed, replaced_by)
+    return SnapshotDiff(added, removed, changed, replaced_by, annotated)
 
 
 def _selected(graph: str, kind: str, graphs: list[str] | None) -> bool:
@@ -197,10 +226,42 @@ def pass_steps(dump: Dump, graphs: list[str] | None = None,
             for before, after in zip(chain, chain[1:]):
                 if pass_name is not None and after.get("pass_name") != pass_name:
                     continue
-                steps.append(Step(graph, kind, after["stage"], after.get("pass_name") or "?",
-                                  dump.snapshot(before), dump.snapshot(after),
-                                  dump.root / before["file"], dump.root / after["file"]))
+                step = Step(graph, kind, after["stage"], after.get("pass_name") or "?",
+                            dump.snapshot(before), dump.snapshot(after),
+                            dump.root / before["file"], dump.root / after["file"])
+                if after.get("plan"):
+                    step.plan = _plan_effect(dump, step, after)
+                steps.append(step)
     return steps
+
+
+def _plan_effect(dump: Dump, step: Step, entry: dict[str, Any]) -> PlanEffect | None:
+    """The plan file's actions, and the predictions around it (module docstring); None for
+    a plan that is not the planner's (no ``actions``: another pass's own data)."""
+    path = dump.root / entry["plan"]
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DumpError(f"{path}: not a readable plan ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(plan, dict) or not isinstance(plan.get("actions"), dict):
+        return None
+    try:
+        rows = (plan.get("extra") or {}).get("tensors")
+        if rows is None:  # a byte-budget plan lists only the tensors it acts on
+            rows = [{"tensor": name, "action": action}
+                    for name, action in plan["actions"].items()]
+        tensors = [(r["action"], r["tensor"], r.get("bytes")) for r in rows]
+        predictions = plan.get("predictions") or {}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DumpError(f"{path}: not a readable plan ({type(exc).__name__}: {exc})") from exc
+    later = dump.entries[dump.entries.index(entry) + 1:]
+    partitioned = next((e.get("memory") for e in later if e["graph"] == step.graph
+                        and e["stage"] != entry["stage"] and e.get("pass_name") is None), None)
+    before = step.before.memory or {}
+    after = partitioned or {}
+    saved_after = after.get("activation_bytes", predictions.get("saved_bytes"))
+    return PlanEffect(tensors, before.get("activation_bytes"), saved_after,
+                      before.get("peak_bytes"), after.get("peak_bytes"))
 
 
 def dump_comparisons(first: Dump, second: Dump,

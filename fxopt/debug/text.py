@@ -4,7 +4,10 @@ One summary line per pass (nodes before -> after with +added -removed ~changed, 
 (ops that are not views: what launches work), predicted activation memory and peak
 before -> after), then one line per node: ``-``
 removed (and what replaced it), ``+`` added (which pass made it, what it replaces), ``~``
-changed (what differs). Colours only when asked (the CLI asks on a terminal).
+changed (what differs). A pass with a plan (swap_recompute, which only tags nodes) gets a
+second summary line (saved tensors recomputed, swapped and kept; predicted saved bytes and
+peak before -> after) and one line per saved tensor with its action. Colours only when
+asked (the CLI asks on a terminal).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import difflib
 from collections.abc import Iterator
 from typing import Any
 
-from fxopt.debug.diff import Step
+from fxopt.debug.diff import PlanEffect, Step
 from fxopt.units import format_bytes
 
 __all__ = ["render_steps", "summary_line", "unified", "shape_text"]
@@ -44,10 +47,22 @@ def summary_line(step: Step) -> str:
     else:
         memory = (f"activations {_memory(step, 'activation_bytes')}, "
                   f"peak {_memory(step, 'peak_bytes')}")
+    tagged = f", {len(diff.annotated)} tagged" if diff.annotated else ""
     return (f"{step.name}: nodes {len(step.before.nodes)} -> {len(step.after.nodes)} "
-            f"(+{len(diff.added)} -{len(diff.removed)} ~{len(diff.changed)}), "
+            f"(+{len(diff.added)} -{len(diff.removed)} ~{len(diff.changed)}{tagged}), "
             f"kernels {step.before.kernels} -> {step.after.kernels}, {memory}"
             + (f", plan {plan}" if plan else ""))
+
+
+def plan_line(plan: PlanEffect) -> str:
+    """``plan: recompute 8, swap 0, keep 4 saved tensors; predicted saved 40 KiB -> 20 KiB,
+    peak 143 KiB -> 143 KiB (partitioned)``."""
+    counts = ", ".join(f"{action} {plan.count(action)}"
+                       for action in ("recompute", "swap", "keep"))
+    return (f"plan: {counts} saved tensors; predicted saved "
+            f"{format_bytes(plan.saved_before)} -> {format_bytes(plan.saved_after)}, peak "
+            f"{format_bytes(plan.peak_before)} -> {format_bytes(plan.peak_after)} "
+            f"(partitioned)")
 
 
 def _node_line(mark: str, node: dict[str, Any], note: str) -> str:
@@ -101,6 +116,14 @@ def _node_lines(step: Step) -> Iterator[tuple[str, str]]:
         yield "+", _node_line("+", node, ", ".join(n for n in notes if n))
     for old, new in diff.changed:
         yield "~", _node_line("~", new, _change(old, new))
+    for old, new in diff.annotated:
+        yield "~", _node_line("~", new, f"fxopt {old.get('fxopt') or {}} -> "
+                                       f"{new.get('fxopt') or {}}")
+    for action, name, size in step.plan.tensors if step.plan else ():
+        yield _PLAN_MARKS[action], f"    {action:<9} {name:<24} {format_bytes(size)}"
+
+
+_PLAN_MARKS = {"recompute": "-", "swap": "~", "keep": "+"}
 
 
 def render_steps(steps: list[Step], *, stat: bool = False, colour: bool = False
@@ -116,6 +139,8 @@ def render_steps(steps: list[Step], *, stat: bool = False, colour: bool = False
             heading = step.title
             yield paint("head", f"{step.title} (stage {step.stage})")
         yield "  " + summary_line(step)
+        if step.plan is not None:
+            yield "  " + plan_line(step.plan)
         if not stat:
             for mark, line in _node_lines(step):
                 yield paint(mark, line)

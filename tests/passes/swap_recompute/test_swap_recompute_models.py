@@ -1,0 +1,60 @@
+"""``memory_budget=f`` with ``strict=True`` on each model of benchmarks/budget_reach.py at a
+tiny size (transformers' GPT-2, BERT, Llama, T5, ResNet and ViT with random weights, a
+3-block MLP, an ``nn.LSTM`` language model, a hand-written LSTM): no error at or above the
+reported floor, measured saved bytes within f x eager's x 1.05, loss and every gradient
+bitwise equal to eager's, and the pass fired. The models and the measurement are the
+benchmark's own (loaded from its file), so the test checks what the committed table shows.
+"""
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+import torch
+
+from fxopt import _compat
+
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow
+
+_PATH = pathlib.Path(__file__).parents[3] / "benchmarks" / "budget_reach.py"
+_spec = importlib.util.spec_from_file_location("budget_reach", _PATH)
+reach = importlib.util.module_from_spec(_spec)
+sys.modules["budget_reach"] = reach  # dataclasses look their module up there
+_spec.loader.exec_module(reach)
+
+# GPT-2, BERT and the MLP are covered by test_swap_recompute.py and the property test.
+# ViT misses the bound: transformers' ViT calls dropout with p=0.0, which eager returns as
+# is and AOTAutograd's decomposition turns into a clone of the attention probabilities; the
+# compiled graph saves that clone besides the softmax output (two (4, 17, 17) tensors here),
+# so its plain saved bytes, the base the fraction is taken of, are 7.5% above eager's.
+VIT_CLONE = pytest.mark.xfail(strict=True, reason="the compiled graph saves dropout(p=0)'s "
+                              "clone, which eager does not: plain bytes 7.5% above eager's")
+CASES = [*(pytest.param(name, 0.5, {}, id=f"{name}-0.5")
+           for name in ("llama", "t5", "resnet", "lstm", "handlstm")),
+         pytest.param("vit", 0.5, {}, id="vit-0.5", marks=VIT_CLONE),
+         pytest.param("handlstm", 0.3, reach.options_for("handlstm", fuse_rnn=True),
+                      id="handlstm-0.3-fuse_rnn"),
+         pytest.param("llama", 0.5, reach.options_for("llama", tempo=True),
+                      id="llama-0.5-tempo")]
+
+
+@pytest.mark.parametrize("name, budget, options", CASES)
+def test_budget_is_met_with_eager_gradients(name, budget, options):
+    model, kwargs = reach.build(name, hidden=32, seq=16, batch=2)
+    with _compat.dynamo_allow_rnn():
+        reference = reach.reference_step(model, kwargs, options)
+        row = reach.measure(model, kwargs, budget, options, reference)
+    assert row.infeasible is None, row.infeasible
+    assert row.floor is not None, "swap_recompute did not run"
+    assert row.floor <= budget
+    assert row.kept <= budget * 1.05
+    assert row.kept < 1.0  # it fired: something was recomputed
+    if name == "lstm" and not options:
+        # Eager runs aten's fused LSTM; the compiled graph runs its decomposition (one cell per
+        # step, the gate GEMMs summed in another order), so they agree to fp32 rounding only.
+        assert row.max_rel_diff <= torch.finfo(torch.float32).eps * 2**4
+    else:
+        assert row.bitwise, f"largest relative difference {row.max_rel_diff:.1e}"
