@@ -57,7 +57,6 @@ def test_a_plan_that_misses_its_budget_replays_under_strict(tmp_path):
     assert stats["plan"]["actions"] == json.loads(plan_file.read_text())["actions"]
 
 
-@pytest.mark.filterwarnings("ignore:fxopt. swap_recompute cannot")
 @pytest.mark.parametrize("model, x, differs", [
     (deep_mlp, torch.randn(32, 48), "primals_"),  # same structure, other batch
     (deep_mlp, torch.randn(64, 48, dtype=torch.float64), "primals_"),  # other dtype
