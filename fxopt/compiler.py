@@ -212,9 +212,7 @@ class _GraphCompiler:
                 raise
             lost = (f"graph {self.record.name} runs uncompiled (eager: no fxopt pass and "
                     f"no code generation apply): {type(exc).__name__}: {exc}")
-            self.record.fallbacks.append(lost)
-            warnings.warn(f"fxopt: {lost}. Set options={{'strict': True}} to raise instead.",
-                          stacklevel=3)
+            self._fall_back(lost, stacklevel=4)
             log.debug("fxopt: traceback of the failed compilation", exc_info=True)
             compiled = gm.forward
         self.record.compile_seconds += time.perf_counter() - start
@@ -270,10 +268,17 @@ class _GraphCompiler:
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                       **kwargs)
         self._partitioned_backward = backward
-        self._joint_passes_after_partition(forward, backward)
+        self._joint_passes_memory_after(forward, backward)
         return forward, backward
 
-    def _joint_passes_after_partition(self, forward: fx.GraphModule,
+    def _fall_back(self, lost: str, stacklevel: int) -> None:
+        """Record and warn what runs with less than was asked (``lost``); under ``strict``
+        the caller raised instead."""
+        self.record.fallbacks.append(lost)
+        warnings.warn(f"fxopt: {lost}. Set options={{'strict': True}} to raise instead.",
+                      stacklevel=stacklevel)
+
+    def _joint_passes_memory_after(self, forward: fx.GraphModule,
                                       backward: fx.GraphModule) -> None:
         """A joint pass that changed the graph changed it through tags the partitioner
         reads (recompute, swaps), which the joint graph's own simulation cannot see: its
@@ -329,9 +334,7 @@ class _GraphCompiler:
                     raise
                 lost = (f"graph {ctx.graph_name} runs without Inductor (fx code generation, "
                         f"unfused): Inductor failed: {type(exc).__name__}: {exc}")
-                self.record.fallbacks.append(lost)
-                warnings.warn(f"fxopt: {lost}. Set options={{'strict': True}} to raise "
-                              "instead.", stacklevel=2)
+                self._fall_back(lost, stacklevel=3)
                 log.debug("fxopt: traceback of the Inductor failure", exc_info=True)
         return _compat.boxed_fx_callable(gm)
 

@@ -137,6 +137,13 @@ def _warn_if_rounded_by_plain_load(saved: dict[str, Any],
             f"load_state_dict on the offloaded optimizer", stacklevel=3)
 
 
+@torch.no_grad()
+def _master_differs(hp: _HostParam) -> bool:
+    """Whether the master holds more than its parameter (fp32 bits the parameter's dtype
+    rounded away)."""
+    return not torch.equal(hp.master, hp.param.detach().to(hp.master.device, torch.float32))
+
+
 def _flat_params(optimizer: torch.optim.Optimizer) -> list[tuple[int, torch.Tensor]]:
     return [(g, p) for g, group in enumerate(optimizer.param_groups) for p in group["params"]]
 
@@ -369,7 +376,10 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                 if sg.optimizer.state.get(tensor):
                     state[i] = dict(sg.optimizer.state[tensor])
             for i, hp in zip(sg.indices, sg.host):
-                if hp.param.dtype != torch.float32 and (self._master_differs(hp) or i in state):
+                if hp.param.dtype == torch.float32:
+                    continue  # its master is the parameter itself
+                self._follow_one(hp)  # a parameter changed since the last step wins
+                if i in state or _master_differs(hp):
                     state.setdefault(i, {})[MASTER_KEY] = hp.master.clone()
         state = dict(sorted(state.items()))
         groups, start = [], 0
@@ -379,13 +389,6 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                            "params": list(range(start, start + count))})
             start += count
         return {"state": state, "param_groups": groups}
-
-    @torch.no_grad()
-    def _master_differs(self, hp: _HostParam) -> bool:
-        """Whether the master holds more than the parameter (its fp32 bits), after the
-        parameter's own changes are taken in."""
-        self._follow_one(hp)
-        return not torch.equal(hp.master, hp.param.detach().to(hp.master.device, torch.float32))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this optimizer or of the plain one (bit-exact, masters too)."""

@@ -28,11 +28,15 @@ from __future__ import annotations
 import logging
 
 import torch.fx as fx
-from torch.utils.checkpoint import CheckpointPolicy
 
 from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
-from fxopt.passes.swap_recompute.apply import SWAP_OPS, apply_decision, place_prefetches
+from fxopt.passes.swap_recompute.apply import (
+    SWAP_OPS,
+    apply_decision,
+    mark_recompute,
+    place_prefetches,
+)
 from fxopt.planner import InfeasibleBudget, Plan, StepProblem, plan_step, profile_for
 from fxopt.planner.joint import step_problem
 from fxopt.planner.plan import load_plans, plan_for_graph
@@ -80,9 +84,7 @@ def _tag_chains(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> int:
     for name in plan.extra["tagged"]:
         if not ctx.rewrites.allow():
             break
-        node = by_name[name]
-        node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-        node.meta["fxopt"] = {**node.meta.get("fxopt", {}), "swap_recompute": "recompute"}
+        mark_recompute(by_name[name])
         tagged += 1
     log.info("fxopt: swap_recompute on %s: recompute %d saved tensors (%d nodes), keeping "
              "%d of %d bytes", ctx.graph_name, len(plan.actions), tagged,

@@ -44,6 +44,13 @@ _WAIT = torch.ops.fxopt.swap_prefetch_wait.default
 SWAP_OPS = (_OFFLOAD, _START, _WAIT)
 
 
+def mark_recompute(node: fx.Node) -> None:
+    """Tag ``node`` for the partitioner to recompute in the backward, and say so in fxopt's
+    provenance (``node.meta["fxopt"]``, read by explain and the graph diff)."""
+    node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    node.meta["fxopt"] = {**node.meta.get("fxopt", {}), "swap_recompute": "recompute"}
+
+
 def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: ActivationProblem,
                    plan: Plan, ctx: PassContext) -> dict[str, str]:
     """Rewrite ``gm`` for ``plan``'s actions, in its order; returns the actions applied
@@ -60,8 +67,7 @@ def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: Activat
         if action == "recompute":
             chain, _ = group_chain(analysis, name)
             for n in chain:
-                n.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-                n.meta["fxopt"] = {**n.meta.get("fxopt", {}), "swap_recompute": "recompute"}
+                mark_recompute(n)
         else:
             start_step = choices[name].choice("swap").window[1]
             _insert_swap(gm, analysis, node, by_step[start_step], ctx.device,
