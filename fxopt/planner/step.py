@@ -147,9 +147,7 @@ def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProf
         message = (f"fxopt: swap_recompute cannot keep {problem.graph}'s saved bytes within "
                    f"{within}: the floor, with everything recomputable recomputed, is "
                    f"{decision.floor_fraction:.3f} ({decision.floor_bytes} bytes)")
-        if strict:
-            raise InfeasibleBudget(message)
-        warnings.warn(f"{message}; applying the floor's plan", stacklevel=4)
+        _infeasible(message, "applying the floor's plan", strict)
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)
     if ledger is not None:
@@ -183,9 +181,7 @@ def _peak_plan(problem: StepProblem, budget: Any, hardware: HardwareProfile, sol
                    f"predicted peak reachable is {format_mib(decision.peak_bytes)} MiB "
                    f"({decision.peak_bytes} bytes; "
                    f"{format_mib(problem.keep_all_peak_bytes)} MiB with everything kept)")
-        if strict:
-            raise InfeasibleBudget(message)
-        warnings.warn(f"{message}; using the plan that reaches it", stacklevel=4)
+        _infeasible(message, "using the plan that reaches it", strict)
     plan = Plan.from_decision(decision, hardware, bound,
                               keep_all_peak_bytes=problem.keep_all_peak_bytes,
                               activation_bytes=problem.activation_bytes,
@@ -193,6 +189,14 @@ def _peak_plan(problem: StepProblem, budget: Any, hardware: HardwareProfile, sol
     plan.extra["tensors"] = _tensor_rows(activations, decision)
     plan.extra["order"] = list(decision.details.get("order", sorted(decision.actions)))
     return plan
+
+
+def _infeasible(message: str, instead: str, strict: bool) -> None:
+    """A budget no plan meets: raise under ``strict``, else warn once saying what is applied
+    ``instead`` (the stack level names the user's compiled call)."""
+    if strict:
+        raise InfeasibleBudget(message)
+    warnings.warn(f"{message}; {instead}", stacklevel=5)
 
 
 def _replayed(problem: ActivationProblem, replay: Plan) -> Decision:
