@@ -21,6 +21,7 @@ from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.passes.offload_optimizer import offload_optimizer
 from fxopt.passes.swap_recompute import swap_recompute
+from fxopt.passes.swap_recompute.noop_dropout import noop_dropout
 from fxopt.passes.swap_recompute.prefetch import swap_prefetch
 from fxopt.passes.tempo import tempo
 
@@ -35,6 +36,12 @@ def _budget_or_plan(ctx: PassContext) -> bool:
 
 
 PIPELINE: list[PassSpec] = [
+    PassSpec(
+        name="noop_dropout", flag="swap_recompute", stages=(Stage.PRE_AUTOGRAD,),
+        run=noop_dropout, default=_budget_or_plan,
+        default_text="on when memory_budget (or plan) is set, as swap_recompute",
+        description="drops dropout calls that return their input (p=0, training off), "
+                    "whose decomposed clone autograd would save"),
     PassSpec(
         name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=tempo,
         default_text="off unless asked (trades gradient accuracy and time for memory)",
