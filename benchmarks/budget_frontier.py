@@ -1,11 +1,16 @@
-"""Saved bytes against CPU step time: fxopt's ``memory_budget`` against Inductor's
-``activation_memory_budget`` at the same fractions and per-block ``torch.utils.checkpoint``.
+"""Saved bytes against CPU step time: fxopt's ``memory_budget`` (fx and Inductor code
+generation) against Inductor's ``activation_memory_budget`` at the same fractions and
+per-block ``torch.utils.checkpoint``.
 
-    PYTHONPATH=. python benchmarks/budget_frontier.py [--models gpt2 bert mlp]
-        [--budgets 0.7 0.5 0.3] [--rounds 7] [--hidden 128] [--seq 64] [--batch 8]
+    PYTHONPATH=. python benchmarks/budget_frontier.py [--models gpt2 bert]
+        [--budgets 0.7 0.5 0.3] [--rounds 7] [--layers 4] [--hidden 256] [--seq 128]
+        [--batch 4] [--png benchmarks/results/budget_frontier_cpu.png]
 
-Per model (``budget_reach.build``: transformers' GPT-2 and BERT at 2 layers, dropout 0.1,
-eager attention; the 3-block MLP) every configuration is compiled and warmed up, its bytes
+The defaults are the benchmark suite's CPU size. The PNG needs matplotlib
+(``pip install -e ".[bench]"``); without it the script says so and writes the tables only.
+
+Per model (``budget_reach.build``: transformers' GPT-2 and BERT, dropout 0.1, eager
+attention; the 3-block MLP) every configuration is compiled and warmed up, its bytes
 kept for backward measured once (saved-tensor hooks; parameters, buffers and inputs
 excluded), then timed: one thread, ``--rounds`` rounds, each round one step (forward and
 backward, no optimizer) of every configuration in turn (interleaved), reporting the
@@ -36,7 +41,7 @@ from budget_reach import build, loss_of
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
-from fxopt.bench.configs import _activation_budget  # torch's private knob
+from fxopt._compat import activation_memory_budget
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -66,21 +71,32 @@ def _inductor(model: nn.Module) -> Callable:
 def configurations(budgets: list[float]) -> dict[str, tuple[Callable, Callable]]:
     """name -> (prepare(model) -> callable, context() around every call)."""
     null = contextlib.nullcontext
+    def fxopt_compiled(codegen: str, **options) -> Callable:
+        return lambda m: torch.compile(m, backend=fxopt.backend(codegen=codegen, **options))
+
     configs = {"eager": (lambda m: m, null), "checkpoint": (_checkpointed, null),
-               "fxopt": (lambda m: torch.compile(m, backend=fxopt.backend()), null),
+               "fxopt": (fxopt_compiled("fx"), null),
+               "fxopt-inductor": (fxopt_compiled("inductor"), null),
                "inductor": (_inductor, null)}
     for f in budgets:
-        configs[f"fxopt {f}"] = (
-            lambda m, f=f: torch.compile(m, backend=fxopt.backend(memory_budget=f)), null)
-        configs[f"inductor {f}"] = (_inductor, lambda f=f: _activation_budget(f))
+        configs[f"fxopt {f}"] = (fxopt_compiled("fx", memory_budget=f), null)
+        configs[f"fxopt-inductor {f}"] = (fxopt_compiled("inductor", memory_budget=f), null)
+        configs[f"inductor {f}"] = (_inductor, lambda f=f: activation_memory_budget(f))
     return configs
 
 
-def run_model(name: str, args: argparse.Namespace) -> list[str]:
-    _, kwargs = build(name, args.hidden, args.seq, args.batch)
+CURVES = ("fxopt", "fxopt-inductor", "inductor")  # a line each: no budget, then the budgets
+
+
+def run_model(name: str, args: argparse.Namespace
+              ) -> tuple[list[str], dict[str, tuple[float, float]]]:
+    """The model's markdown table, and per configuration (saved bytes, step time) as
+    fractions of eager's."""
+    _, kwargs = build(name, args.hidden, args.seq, args.batch, args.layers)
     prepared = {}
     for config, (prepare, context) in configurations(args.budgets).items():
-        model, _ = build(name, args.hidden, args.seq, args.batch)
+        began = time.perf_counter()
+        model, _ = build(name, args.hidden, args.seq, args.batch, args.layers)
         fn = prepare(model)
         owned = [*model.parameters(), *model.buffers(), *kwargs.values()]
 
@@ -92,6 +108,8 @@ def run_model(name: str, args: argparse.Namespace) -> list[str]:
         with context():
             saved = measure_saved_bytes(lambda fn=fn: loss_of(fn(**kwargs)), exclude=owned)
         prepared[config] = (step, saved.bytes, [])
+        print(f"# {name} {config}: ready in {time.perf_counter() - began:.0f} s",
+              file=sys.stderr, flush=True)
     for _ in range(args.rounds):
         for step, _, times in prepared.values():
             start = time.perf_counter()
@@ -99,25 +117,63 @@ def run_model(name: str, args: argparse.Namespace) -> list[str]:
             times.append(time.perf_counter() - start)
     eager_bytes = prepared["eager"][1]
     eager_time = statistics.median(prepared["eager"][2])
-    lines = [f"\n### {name} (hidden {args.hidden}, seq {args.seq}, batch {args.batch})\n",
+    lines = [f"\n### {name} ({args.layers} layers, hidden {args.hidden}, seq {args.seq}, "
+             f"batch {args.batch})\n",
              ("| configuration | saved bytes | x eager | step ms (median) | spread ms | "
              "x eager time |"), "| --- | --- | --- | --- | --- | --- |"]
+    points = {}
     for config, (_, nbytes, times) in prepared.items():
         median = statistics.median(times)
+        points[config] = (nbytes / eager_bytes, median / eager_time)
         lines.append(f"| {config} | {nbytes:,} | {nbytes / eager_bytes:.3f} | "
                      f"{1e3 * median:.2f} | {1e3 * min(times):.2f}-{1e3 * max(times):.2f} | "
                      f"{median / eager_time:.2f} |")
-    return lines
+    return lines, points
+
+
+def plot(results: dict[str, dict[str, tuple[float, float]]], budgets: list[float],
+         path: str) -> None:
+    """One panel per model: saved bytes (x eager) against step time (x eager), a line per
+    curve (no budget, then each fraction), checkpoint and eager as points."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"# no PNG written to {path}: matplotlib is missing; install it with "
+              '`pip install -e ".[bench]"` (or `pip install matplotlib`)', file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.5),
+                                squeeze=False)
+    for axis, (name, points) in zip(axes[0], results.items()):
+        for curve, marker in zip(CURVES, "os^"):
+            configs = [curve, *(f"{curve} {f}" for f in budgets)]
+            xs, ys = zip(*(points[c] for c in configs))
+            axis.plot(xs, ys, marker=marker, label=curve)
+            for config, x, y in zip(configs, xs, ys):
+                axis.annotate(config.rsplit(" ", 1)[-1] if " " in config else "none", (x, y),
+                              fontsize=7, textcoords="offset points", xytext=(3, 3))
+        for config, marker in (("checkpoint", "x"), ("eager", "*")):
+            axis.plot(*points[config], marker=marker, linestyle="", markersize=9, label=config)
+        axis.set(title=name, xlabel="saved bytes (x eager)", ylabel="step time (x eager)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"# PNG written to {path}", file=sys.stderr)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["gpt2", "bert", "mlp"])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "bert"])
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.7, 0.5, 0.3])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--png", help="also draw the curves to this PNG (needs matplotlib)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # every configuration compiles the same forward code for its own model: let Dynamo
@@ -126,8 +182,12 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = 64
     print(f"# budget_frontier: torch {torch.__version__}, CPU, 1 thread, {args.rounds} "
           "interleaved rounds; saved bytes measured with saved-tensor hooks")
+    results = {}
     for name in args.models:
-        print("\n".join(run_model(name, args)), flush=True)
+        lines, results[name] = run_model(name, args)
+        print("\n".join(lines), flush=True)
+    if args.png:
+        plot(results, args.budgets, args.png)
 
 
 if __name__ == "__main__":

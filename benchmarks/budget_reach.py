@@ -77,15 +77,16 @@ MODELS = ("gpt2", "bert", "llama", "t5", "resnet", "vit", "mlp", "lstm", "handls
 RNN_MODELS = ("lstm", "handlstm")  # the models fuse_rnn applies to
 
 
-def _transformers_model(name: str, hidden: int, seq: int) -> nn.Module:
-    """A randomly initialised transformers model at 2 layers (or stages), no download."""
+def _transformers_model(name: str, hidden: int, seq: int, layers: int = 2) -> nn.Module:
+    """A randomly initialised transformers model at ``layers`` layers (ResNet: 2 stages),
+    no download."""
     import transformers as tf
 
-    small = {"vocab_size": 97, "num_hidden_layers": 2, "num_attention_heads": 2,
+    small = {"vocab_size": 97, "num_hidden_layers": layers, "num_attention_heads": 2,
              "intermediate_size": 2 * hidden, "hidden_size": hidden}
     if name == "gpt2":
         return tf.GPT2LMHeadModel(tf.GPT2Config(
-            vocab_size=97, n_positions=2 * seq, n_embd=hidden, n_layer=2, n_head=2,
+            vocab_size=97, n_positions=2 * seq, n_embd=hidden, n_layer=layers, n_head=2,
             bos_token_id=96, eos_token_id=96))
     if name == "bert":
         return tf.BertForMaskedLM(tf.BertConfig(**{**small, "intermediate_size": 4 * hidden},
@@ -95,7 +96,7 @@ def _transformers_model(name: str, hidden: int, seq: int) -> nn.Module:
                                                   max_position_embeddings=2 * seq))
     if name == "t5":
         return tf.T5ForConditionalGeneration(tf.T5Config(
-            vocab_size=97, d_model=hidden, d_kv=hidden // 2, d_ff=2 * hidden, num_layers=2,
+            vocab_size=97, d_model=hidden, d_kv=hidden // 2, d_ff=2 * hidden, num_layers=layers,
             num_heads=2, decoder_start_token_id=0, pad_token_id=0))
     if name == "resnet":
         return tf.ResNetForImageClassification(tf.ResNetConfig(
@@ -105,9 +106,9 @@ def _transformers_model(name: str, hidden: int, seq: int) -> nn.Module:
         num_labels=10))
 
 
-def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4
+def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4, layers: int = 2
           ) -> tuple[nn.Module, dict]:
-    """The model (training mode) and its keyword inputs, at a tiny size."""
+    """The model (training mode) and its keyword inputs, at a tiny size by default."""
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 97, (batch, seq), generator=data)
@@ -118,7 +119,7 @@ def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4
     if name == "handlstm":
         return HandLSTM(hidden // 2, hidden).train(), {
             "x": torch.randn(seq // 4, batch, hidden // 2, generator=data)}
-    model = _transformers_model(name, hidden, seq)
+    model = _transformers_model(name, hidden, seq, layers)
     model.config._attn_implementation = "eager"
     model.config.use_cache = False  # training; a cache would grow when a block recomputes
     if name in ("resnet", "vit"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from operator import getitem
 from typing import Any
@@ -31,7 +32,7 @@ __all__ = [
     "fake_mode_of", "graph_break_counts", "inductor_compile", "inductor_decompositions",
     "inductor_graph_context", "inductor_inference_passes", "inductor_partition",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
-    "op_alias_sets", "size_hint", "tree_flatten", "tree_leaves", "tree_map",
+    "op_alias_sets", "PARTITION_SEARCH", "size_hint", "tree_flatten", "tree_leaves", "tree_map",
 ]
 
 # What Dynamo records ``F.linear`` and ``F.gelu`` as: their C bindings.
@@ -97,18 +98,45 @@ def min_cut_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
     return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
 
+PARTITION_SEARCH = "fxopt_partition_search"  # joint gm.meta key: a budgeted min-cut search
+
+
 def inductor_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
                        ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """What Inductor does at the partition: its joint-graph passes (canonicalisation,
     pattern rewrites, random ops made seedable), then the min-cut partitioner. Inductor's
-    lowering relies on those passes having run."""
+    lowering relies on those passes having run.
+
+    A joint graph whose ``meta[PARTITION_SEARCH]`` holds a search (swap_recompute's
+    ``BudgetedMinCut`` under a fraction budget) is partitioned by it: after the joint-graph
+    passes, it calls ``partition(copy, budget)``, the min-cut of a copy of the graph under
+    functorch's ``activation_memory_budget=budget`` (None: no budget), as often as it needs."""
     from torch._inductor import compile_fx
 
+    search = joint.meta.get(PARTITION_SEARCH)
     inductor_partition_fn = getattr(compile_fx, "partition_fn", None)
-    if inductor_partition_fn is not None:
+    if search is None and inductor_partition_fn is not None:
         return inductor_partition_fn(joint, joint_inputs, **kwargs)
-    joint = compile_fx._recursive_joint_graph_passes(joint)  # older torch: no public hook
-    return min_cut_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+
+    def min_cut(gm: fx.GraphModule, inputs: Any, **options: Any
+                ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        if search is None:
+            return min_cut_partition(gm, inputs, compiler="inductor", **options)
+
+        def partition(copy: fx.GraphModule, budget: float | None
+                      ) -> tuple[fx.GraphModule, fx.GraphModule]:
+            with (activation_memory_budget(budget) if budget is not None
+                  else contextlib.nullcontext()):
+                return min_cut_partition(copy, inputs, compiler="inductor", **options)
+
+        return search(gm, partition)
+
+    if inductor_partition_fn is not None and "partitioner_fn_override" in \
+            inspect.signature(inductor_partition_fn).parameters:
+        return inductor_partition_fn(joint, joint_inputs, partitioner_fn_override=min_cut,
+                                     **kwargs)
+    joint = compile_fx._recursive_joint_graph_passes(joint)  # older torch: no hook
+    return min_cut(joint, joint_inputs, **kwargs)
 
 
 def inductor_inference_passes(gm: fx.GraphModule) -> fx.GraphModule:

@@ -29,8 +29,10 @@ import logging
 
 import torch.fx as fx
 
+from fxopt import _compat
 from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.swap_recompute.inductor_budget import BudgetedMinCut
 from fxopt.passes.swap_recompute.apply import (
     SWAP_OPS,
     apply_decision,
@@ -70,6 +72,13 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     else:
         stats["fits"] = plan.feasible
         return PassResult(gm, False, stats)
+    if fraction and ctx.options.codegen == "inductor" and saved_plan is None:
+        # Inductor's budgeted min-cut decides at the partition, within this graph's share;
+        # the graph changes there (modified: explain's "after" is the partitioned step's)
+        stats["inductor"] = {"partition": "pending"}
+        gm.meta[_compat.PARTITION_SEARCH] = BudgetedMinCut(
+            plan.budget_bytes, tuple(plan.extra["tagged"]), stats["inductor"], ledger)
+        return PassResult(gm, True, stats)
     if fraction:
         return PassResult(gm, _tag_chains(gm, plan, ctx) > 0, stats)
     applied = apply_decision(gm, analysis, problem.activations, plan, ctx)

@@ -1,0 +1,134 @@
+"""A fraction budget under Inductor code generation: Inductor's budgeted min-cut decides.
+
+Inductor fuses the pointwise ops it recomputes into the kernels that read them, so its
+min-cut partitioner (with functorch's ``activation_memory_budget``) recomputes more for
+less time than fxopt's chains, which the fx code generation runs op by op. Under
+``codegen="inductor"`` the pass therefore hands its share of the budget (the bytes this
+graph may keep, from :func:`fxopt.planner.plan_step` and the model's ledger) to the
+partition: :class:`BudgetedMinCut` is called by :func:`fxopt._compat.inductor_partition`
+after Inductor's joint-graph passes, and
+
+1. partitions with Inductor's own min-cut (no budget), then, while that keeps more than
+   the share, bisects ``activation_memory_budget`` in (0, 1) for the largest value whose
+   partition keeps at most the share (the fastest, by Inductor's runtime estimates), each
+   trial on a copy of the joint graph; the bytes kept are the partitioned step's saved
+   activations (:func:`fxopt.analysis.memory.estimate_step_memory`);
+2. keeps random ops exact: a random op (dropout) that min-cut chose to recompute in the
+   backward would draw a new mask (Inductor with ``fallback_random`` then gets gradients
+   wrong by 35-66%); the trial is partitioned again with that op tagged ``MUST_RECOMPUTE``,
+   so torch's partitioner replays its forward's RNG state (``run_and_save_rng_state`` /
+   ``run_with_rng_state``) and the mask is the forward's, bit for bit. Inductor's own
+   seeded random ops (``fallback_random`` off) replay from their saved seed already;
+3. where no budget fits the share, applies fxopt's own plan (its recompute tags, which
+   meet the share wherever it is at or above fxopt's floor) under Inductor's min-cut, as
+   before this search existed.
+
+The ledger's entry for the graph and the pass's stats (``stats["inductor"]``) are then
+set to what the chosen partition keeps (the pass's other stats are fxopt's own plan,
+the fallback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch.fx as fx
+
+from fxopt import _compat
+from fxopt.analysis.memory import estimate_step_memory
+from fxopt.passes.swap_recompute.apply import mark_recompute
+from fxopt.planner.joint import is_random
+from fxopt.planner.ledger import BudgetLedger
+
+__all__ = ["BudgetedMinCut", "BISECTION_STEPS"]
+
+log = logging.getLogger(__name__)
+
+BISECTION_STEPS = 6  # activation_memory_budget to within 1/64
+
+
+@dataclasses.dataclass
+class BudgetedMinCut:
+    """The partition search of one graph: keep at most ``target_bytes`` (module doc).
+    ``fallback_tags``: fxopt's plan (node names to tag) where no budget fits; ``stats``:
+    the pass's ``stats["inductor"]``, filled with what was chosen (the partition, its
+    budget, the bytes it keeps, every trial's (budget, bytes)); ``ledger``: the model's ledger,
+    whose last entry (this graph's) gets the bytes the chosen partition keeps."""
+
+    target_bytes: int
+    fallback_tags: tuple[str, ...]
+    stats: dict[str, Any]
+    ledger: BudgetLedger | None = None
+
+    def __call__(self, joint: fx.GraphModule, partition: Callable[..., Any]
+                 ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """``partition(joint_copy, budget)``: Inductor's min-cut of a copy under
+        ``activation_memory_budget=budget`` (None: its default, no budget)."""
+        trials: list[tuple[float | None, int, tuple[fx.GraphModule, fx.GraphModule]]] = []
+
+        def trial(budget: float | None, tags: tuple[str, ...] = ()) -> int:
+            result = _exact_random_partition(joint, partition, budget, tags)
+            kept = estimate_step_memory(*result).activation_bytes
+            trials.append((budget, kept, result))
+            return kept
+
+        fits: tuple[float | None, int, Any] | None = None
+        if trial(None) <= self.target_bytes:
+            fits = trials[-1]
+        else:
+            low, high = 0.0, 1.0
+            for _ in range(BISECTION_STEPS):
+                middle = (low + high) / 2
+                if trial(middle) <= self.target_bytes:
+                    low, fits = middle, trials[-1]
+                else:
+                    high = middle
+        chosen = "inductor min-cut" if fits is not None else "fxopt plan"
+        if fits is None:
+            trial(None, self.fallback_tags)
+            fits = trials[-1]
+        budget, kept, (forward, backward) = fits
+        self._record(chosen, budget, kept, [(b, k) for b, k, _ in trials])
+        return forward, backward
+
+    def _record(self, chosen: str, budget: float | None, kept: int,
+                trials: list[tuple[float | None, int]]) -> None:
+        self.stats.update(partition=chosen, activation_memory_budget=budget,
+                          saved_bytes_after=kept, trials=trials)
+        if self.ledger is not None and self.ledger.shares:
+            self.ledger.shares[-1] = dataclasses.replace(self.ledger.shares[-1],
+                                                         kept_bytes=kept)
+        log.info("fxopt: swap_recompute under Inductor: %s (activation_memory_budget %s) "
+                 "keeps %d bytes of a %d-byte share", chosen, budget, kept, self.target_bytes)
+
+
+def _exact_random_partition(joint: fx.GraphModule, partition: Callable[..., Any],
+                            budget: float | None, tags: tuple[str, ...]
+                            ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Inductor's min-cut of a copy of ``joint`` (``tags`` tagged ``MUST_RECOMPUTE``), again
+    with every random op it recomputed tagged, so that torch replays its RNG state."""
+    forward_nodes = {n.name for n in joint.graph.nodes
+                     if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward"}
+    replayed: set[str] = set()
+    while True:
+        copy = fx.GraphModule(joint, _compat.copy_graph(joint.graph))
+        for node in copy.graph.nodes:
+            if node.name in replayed or node.name in tags:
+                mark_recompute(node)
+        forward, backward = partition(copy, budget)
+        redrawn = {n.name for n in backward.graph.nodes
+                   if n.op == "call_function" and _draws(n)} & forward_nodes - replayed
+        if not redrawn:
+            return forward, backward
+        log.debug("fxopt: min-cut recomputes random ops %s: replaying their RNG state",
+                  sorted(redrawn))
+        replayed |= redrawn
+
+
+def _draws(node: fx.Node) -> bool:
+    """A random op that draws from the generator (not its getitem, not a replay wrapper)."""
+    return node.target is not operator.getitem and is_random(node)
