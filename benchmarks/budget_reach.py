@@ -5,7 +5,14 @@ autograd's, on transformers' GPT-2, BERT, Llama, T5, ResNet and ViT (2 layers or
 LSTM (a Python loop over an LSTM cell).
 
     PYTHONPATH=. python benchmarks/budget_reach.py [--budgets 0.9 0.7 0.5 0.3] \
-        [--models gpt2 bert llama t5 resnet vit mlp lstm handlstm] [--tempo] [--fuse-rnn]
+        [--models gpt2 bert llama t5 resnet vit mlp lstm handlstm] [--tempo] [--fuse-rnn] \
+        [--codegen fx] [--suite-size]
+
+``--suite-size``: the benchmark suite's CPU size (4 layers, hidden 256, seq 128, batch 4)
+instead of the tiny one. ``--codegen inductor``: Inductor code generation; the reference
+is then fxopt with Inductor and no budget (Inductor's fused kernels round differently from
+eager's ops), and Inductor calls eager's random ops (``fallback_random``), so the masks
+are eager's.
 
 For each model and fraction ``f`` it compiles with ``memory_budget=f, strict=True``, runs
 one forward under saved-tensor hooks (:func:`fxopt.analysis.measure_saved_bytes`;
@@ -225,7 +232,13 @@ def main() -> None:
     parser.add_argument("--tempo", action="store_true", help="tempo on as well")
     parser.add_argument("--fuse-rnn", action="store_true",
                         help="fuse_rnn on as well (on the LSTM models)")
+    parser.add_argument("--codegen", choices=("fx", "inductor"), default="fx")
+    parser.add_argument("--suite-size", action="store_true",
+                        help="4 layers, hidden 256, seq 128, batch 4 (the suite's CPU size)")
     args = parser.parse_args()
+    size = {"layers": 4, "hidden": 256, "seq": 128, "batch": 4} if args.suite_size else {}
+    if args.codegen == "inductor":
+        torch._inductor.config.fallback_random = True  # eager's masks, so grads compare
     print(f"torch {torch.__version__}; kept = measured saved bytes / eager's; grads = loss and "
           f"every gradient vs eager's, or vs fxopt with the same passes and no budget where "
           f"tempo or fuse_rnn is on (they change the numerics); rel = largest relative "
@@ -233,8 +246,9 @@ def main() -> None:
     print(f"{'model':<9}{'passes':<16}{'budget':>7}{'kept':>8}{'floor':>8}  grads   "
           f"{'rel':>8}  note")
     for name in args.models:
-        model, kwargs = build(name)
-        options = options_for(name, args.tempo, args.fuse_rnn)
+        model, kwargs = build(name, **size)
+        options = {**options_for(name, args.tempo, args.fuse_rnn),
+                   **({"codegen": "inductor"} if args.codegen == "inductor" else {})}
         passes = "+".join(options) or "-"
         with _compat.dynamo_allow_rnn():
             reference = reference_step(model, kwargs, options)

@@ -95,7 +95,10 @@ def min_cut_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
     """Inductor's partitioner: recomputes cheap ops that a fusing compiler gets for free."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    for gm in (forward, backward):  # a recomputed random op is replayed, as in default's
+        _fill_rng_wrapper_values(gm)
+    return forward, backward
 
 
 PARTITION_SEARCH = "fxopt_partition_search"  # joint gm.meta key: a budgeted min-cut search

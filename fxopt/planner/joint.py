@@ -303,14 +303,15 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
     """The one builder of :func:`fxopt.planner.step.plan_step`'s input from a joint graph,
     for the pass and ``fxopt plan`` alike: recompute choices (none under ``force_swap``),
     swap choices on CUDA or under ``force_swap``, a blocking offload under Inductor, random
-    ops recomputed (their RNG state replayed) only with fx code generation."""
+    ops recomputed with their RNG state replayed (both partitioners replay a tagged random
+    op: torch's ``functionalize_rng_ops``)."""
     analysis = analyse_joint(gm, num_fwd_outputs, hardware)
     estimate = analysis.estimate
     activations = build_problem(analysis, estimate.peak_bytes, hardware,
                                 recompute=not force_swap,
                                 swap=hardware.device_type == "cuda" or force_swap,
                                 blocking_offload=codegen == "inductor")
-    saved = saved_bytes_problem(analysis, random_ok=codegen == "fx",
+    saved = saved_bytes_problem(analysis, random_ok=True,
                                 rng_state_bytes=rng_state_bytes(hardware.device_type))
     return analysis, StepProblem(
         graph=name, fingerprint=tuple(graph_fingerprint(gm)), activations=activations,

@@ -32,13 +32,13 @@ import torch.fx as fx
 from fxopt import _compat
 from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
-from fxopt.passes.swap_recompute.inductor_budget import BudgetedMinCut
 from fxopt.passes.swap_recompute.apply import (
     SWAP_OPS,
     apply_decision,
     mark_recompute,
     place_prefetches,
 )
+from fxopt.passes.swap_recompute.inductor_budget import BudgetedMinCut
 from fxopt.planner import InfeasibleBudget, Plan, StepProblem, plan_step, profile_for
 from fxopt.planner.joint import step_problem
 from fxopt.planner.plan import load_plans, plan_for_graph
@@ -69,16 +69,17 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
     if plan.actions:  # the plan in the report and the debug dump, loadable by `plan`
         stats["plan"] = plan.to_dict()
-    else:
-        stats["fits"] = plan.feasible
-        return PassResult(gm, False, stats)
     if fraction and ctx.options.codegen == "inductor" and saved_plan is None:
         # Inductor's budgeted min-cut decides at the partition, within this graph's share;
         # the graph changes there (modified: explain's "after" is the partitioned step's)
         stats["inductor"] = {"partition": "pending"}
         gm.meta[_compat.PARTITION_SEARCH] = BudgetedMinCut(
-            plan.budget_bytes, tuple(plan.extra["tagged"]), stats["inductor"], ledger)
+            plan.extra["fraction"], plan.budget_bytes, tuple(plan.extra["tagged"]),
+            stats["inductor"], ledger)
         return PassResult(gm, True, stats)
+    if not plan.actions:
+        stats["fits"] = plan.feasible
+        return PassResult(gm, False, stats)
     if fraction:
         return PassResult(gm, _tag_chains(gm, plan, ctx) > 0, stats)
     applied = apply_decision(gm, analysis, problem.activations, plan, ctx)

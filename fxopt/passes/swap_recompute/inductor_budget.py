@@ -8,17 +8,22 @@ graph may keep, from :func:`fxopt.planner.plan_step` and the model's ledger) to 
 partition: :class:`BudgetedMinCut` is called by :func:`fxopt._compat.inductor_partition`
 after Inductor's joint-graph passes, and
 
-1. partitions with Inductor's own min-cut (no budget), then, while that keeps more than
-   the share, bisects ``activation_memory_budget`` in (0, 1) for the largest value whose
-   partition keeps at most the share (the fastest, by Inductor's runtime estimates), each
-   trial on a copy of the joint graph; the bytes kept are the partitioned step's saved
+1. partitions with Inductor's min-cut under ``activation_memory_budget`` = the user's
+   fraction, which is what Inductor itself does at that fraction, so where that fits the
+   share fxopt's point is Inductor's (same bytes, same kernels); only where it keeps more
+   than the share (Inductor's fraction is of its own min-cut's saved bytes, not of plain
+   autograd's, and a graph's share may be below ``f`` of its own bytes) it bisects the
+   budget below the fraction for the largest value whose partition keeps at most the share,
+   each trial on a copy of the joint graph; the bytes kept are the partitioned step's saved
    activations (:func:`fxopt.analysis.memory.estimate_step_memory`);
 2. keeps random ops exact: a random op (dropout) that min-cut chose to recompute in the
    backward would draw a new mask (Inductor with ``fallback_random`` then gets gradients
    wrong by 35-66%); the trial is partitioned again with that op tagged ``MUST_RECOMPUTE``,
    so torch's partitioner replays its forward's RNG state (``run_and_save_rng_state`` /
    ``run_with_rng_state``) and the mask is the forward's, bit for bit. Inductor's own
-   seeded random ops (``fallback_random`` off) replay from their saved seed already;
+   random ops (``fallback_random`` off) draw from one seeds tensor (``inductor_seeds``):
+   where min-cut would redraw that in the backward it is tagged ``MUST_SAVE`` (a few
+   bytes, less than an RNG state), and the ops reading it replay from the saved seeds;
 3. where no budget fits the share, applies fxopt's own plan (its recompute tags, which
    meet the share wherever it is at or above fxopt's floor) under Inductor's min-cut, as
    before this search existed.
@@ -36,13 +41,16 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.fx as fx
+from torch.utils.checkpoint import CheckpointPolicy
 
 from fxopt import _compat
 from fxopt.analysis.memory import estimate_step_memory
 from fxopt.passes.swap_recompute.apply import mark_recompute
 from fxopt.planner.joint import is_random
 from fxopt.planner.ledger import BudgetLedger
+from fxopt.planner.solvers.fraction import rng_state_bytes
 
 __all__ = ["BudgetedMinCut", "BISECTION_STEPS"]
 
@@ -53,12 +61,14 @@ BISECTION_STEPS = 6  # activation_memory_budget to within 1/64
 
 @dataclasses.dataclass
 class BudgetedMinCut:
-    """The partition search of one graph: keep at most ``target_bytes`` (module doc).
+    """The partition search of one graph under the user's ``fraction``: keep at most
+    ``target_bytes``, the graph's share (module doc).
     ``fallback_tags``: fxopt's plan (node names to tag) where no budget fits; ``stats``:
     the pass's ``stats["inductor"]``, filled with what was chosen (the partition, its
     budget, the bytes it keeps, every trial's (budget, bytes)); ``ledger``: the model's ledger,
     whose last entry (this graph's) gets the bytes the chosen partition keeps."""
 
+    fraction: float
     target_bytes: int
     fallback_tags: tuple[str, ...]
     stats: dict[str, Any]
@@ -76,11 +86,12 @@ class BudgetedMinCut:
             trials.append((budget, kept, result))
             return kept
 
+        first = self.fraction if self.fraction < 1 else None
         fits: tuple[float | None, int, Any] | None = None
-        if trial(None) <= self.target_bytes:
+        if trial(first) <= self.target_bytes:
             fits = trials[-1]
         else:
-            low, high = 0.0, 1.0
+            low, high = 0.0, self.fraction
             for _ in range(BISECTION_STEPS):
                 middle = (low + high) / 2
                 if trial(middle) <= self.target_bytes:
@@ -110,25 +121,35 @@ def _exact_random_partition(joint: fx.GraphModule, partition: Callable[..., Any]
                             budget: float | None, tags: tuple[str, ...]
                             ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Inductor's min-cut of a copy of ``joint`` (``tags`` tagged ``MUST_RECOMPUTE``), again
-    with every random op it recomputed tagged, so that torch replays its RNG state."""
-    forward_nodes = {n.name for n in joint.graph.nodes
-                     if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward"}
-    replayed: set[str] = set()
+    with every random op it recomputed pinned: tagged ``MUST_RECOMPUTE``, so that torch
+    replays its RNG state, or, where its value is no larger than that state (Inductor's
+    seeds tensor), ``MUST_SAVE``."""
+    forward_nodes = {n.name: n for n in joint.graph.nodes if n.op == "call_function"
+                     and n.meta.get("partitioner_tag") != "is_backward"}
+    pinned: set[str] = set()
     while True:
         copy = fx.GraphModule(joint, _compat.copy_graph(joint.graph))
         for node in copy.graph.nodes:
-            if node.name in replayed or node.name in tags:
+            if node.name in tags or (node.name in pinned and not _save_instead(node)):
                 mark_recompute(node)
+            elif node.name in pinned:
+                node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
         forward, backward = partition(copy, budget)
         redrawn = {n.name for n in backward.graph.nodes
-                   if n.op == "call_function" and _draws(n)} & forward_nodes - replayed
+                   if n.op == "call_function" and _draws(n)} & forward_nodes.keys() - pinned
         if not redrawn:
             return forward, backward
-        log.debug("fxopt: min-cut recomputes random ops %s: replaying their RNG state",
-                  sorted(redrawn))
-        replayed |= redrawn
+        log.debug("fxopt: min-cut recomputes random ops %s: pinning them", sorted(redrawn))
+        pinned |= redrawn
 
 
 def _draws(node: fx.Node) -> bool:
     """A random op that draws from the generator (not its getitem, not a replay wrapper)."""
     return node.target is not operator.getitem and is_random(node)
+
+
+def _save_instead(node: fx.Node) -> bool:
+    """A random tensor no larger than the RNG state a replay would save."""
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and \
+        value.numel() * value.element_size() <= rng_state_bytes(value.device)

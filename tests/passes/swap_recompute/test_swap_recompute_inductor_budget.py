@@ -1,0 +1,90 @@
+"""A fraction ``memory_budget`` under ``codegen="inductor"``: Inductor's budgeted min-cut
+partitions within the graph's share of the budget (swap_recompute's ``BudgetedMinCut``),
+the measured saved bytes are within the budget, random ops min-cut recomputes replay their
+forward's RNG state (gradients equal eager's: Inductor alone recomputes dropout with a new
+mask), and the model's ledger spans graph breaks.
+
+Inductor calls eager's random ops here (``fallback_random``) so masks compare with eager's;
+its fused kernels round differently from eager's ops, so gradients agree to fp32 rounding.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxopt
+from fxopt.analysis import measure_saved_bytes
+
+pytestmark = pytest.mark.slow
+
+# Inductor's fused kernels sum in another order than eager's aten ops: fp32 rounding of
+# sums over <= 64 terms, relative to the largest gradient entry.
+RTOL = torch.finfo(torch.float32).eps * 2**6
+
+
+class DropoutMLP(nn.Module):
+    """Dropout after each Linear, pointwise ops after it: under a low budget min-cut
+    recomputes the dropout to avoid saving its mask and output."""
+
+    def __init__(self, graph_break: bool = False) -> None:
+        super().__init__()
+        self.graph_break = graph_break
+        self.a, self.b, self.c = nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(self.a(x), 0.3, True)
+        h = F.gelu(h) * torch.sigmoid(h)
+        if self.graph_break:
+            torch._dynamo.graph_break()
+        h = F.dropout(self.b(h), 0.3, True)
+        return self.c(torch.tanh(h) * h).square().mean()
+
+
+def _step(model, compiled, x):
+    """Loss, gradients and measured saved bytes of one seeded step of ``compiled``."""
+    model.zero_grad(set_to_none=True)
+    holder = {}
+
+    def forward():
+        holder["loss"] = compiled(x)
+    torch.manual_seed(1)
+    saved = measure_saved_bytes(forward, exclude=[*model.parameters(), x]).bytes
+    holder["loss"].backward()
+    return holder["loss"].detach(), [p.grad.clone() for p in model.parameters()], saved
+
+
+def _assert_close(got, want):
+    for a, b in zip(got, want, strict=True):
+        assert float((a - b).abs().max()) <= RTOL * float(b.abs().max())
+
+
+@pytest.mark.parametrize("graph_break", [False, True], ids=["one-graph", "graph-break"])
+def test_budget_met_by_inductor_min_cut_with_replayed_dropout(graph_break):
+    torch.manual_seed(0)
+    model, x = DropoutMLP(graph_break), torch.randn(64, 32)
+    eager_loss, eager_grads, plain = _step(model, model, x)
+    backend = fxopt.backend(memory_budget=0.2, codegen="inductor", strict=True)
+    compiled = torch.compile(model, backend=backend)
+    with torch._inductor.config.patch(fallback_random=True):
+        _step(model, compiled, x)  # compiles
+        loss, grads, saved = _step(model, compiled, x)
+    # The ledger does not count what a graph saves of its inputs (here, after the break,
+    # the (64, 64) activation graph 0 hands to graph 1, which graph 1's Linear saves):
+    # they are placeholders of the joint graph, left out as caller-owned (a known gap).
+    unaccounted = 64 * 64 * 4 if graph_break else 0
+    assert saved <= 0.2 * plain * 1.05 + unaccounted
+    _assert_close([loss, *grads], [eager_loss, *eager_grads])
+    records = [r for g in backend.graphs for r in g.pass_records("swap_recompute")]
+    assert len(records) == (2 if graph_break else 1)
+    partitions = [r.stats["inductor"] for r in records if "inductor" in r.stats]
+    assert partitions and all(p["partition"] == "inductor min-cut" for p in partitions)
+    # min-cut recomputed a dropout: it runs in the backward replaying the forward's state
+    backward = backend.graphs[0].graphs["backward"]
+    assert any("run_with_rng_state" in str(n.target).lower() or "RunWithRngState" in
+               type(n.target).__name__ for n in backward.graph.nodes)
+    # the ledger holds what the chosen partitions keep, within the model's budget
+    ledger = backend.budget_ledger
+    assert [s.kept_bytes for s in ledger.shares][:len(partitions)] == \
+        [p["saved_bytes_after"] for p in partitions]
+    assert ledger.kept_bytes <= 0.2 * ledger.plain_bytes
