@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from budget_reach import build, loss_of
 
 import fxopt
-from fxopt.analysis import measure_saved_bytes
 from fxopt._compat import activation_memory_budget
+from fxopt.analysis import measure_saved_bytes
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:

@@ -69,7 +69,7 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
     if plan.actions:  # the plan in the report and the debug dump, loadable by `plan`
         stats["plan"] = plan.to_dict()
-    if fraction and ctx.options.codegen == "inductor" and saved_plan is None:
+    if fraction and partitions_by_min_cut(ctx) and saved_plan is None:
         # Inductor's budgeted min-cut decides at the partition, within this graph's share;
         # the graph changes there (modified: explain's "after" is the partitioned step's)
         stats["inductor"] = {"partition": "pending"}
@@ -85,6 +85,12 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     applied = apply_decision(gm, analysis, problem.activations, plan, ctx)
     log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
     return PassResult(gm, bool(applied), stats)
+
+
+def partitions_by_min_cut(ctx: PassContext) -> bool:
+    """Whether a fraction is met by Inductor's budgeted min-cut (:mod:`.inductor_budget`):
+    under Inductor code generation, which fuses what min-cut recomputes."""
+    return ctx.options.codegen == "inductor"
 
 
 def _tag_chains(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> int:
