@@ -15,7 +15,12 @@ At the JOINT stage (AOTAutograd's joint forward+backward graph, before the parti
    the partitioner (random ops with fx code generation: AOTAutograd's default partitioner
    replays their RNG state, so every gradient is the forward's bit for bit); a byte plan
    is rewritten by :mod:`.apply` (recompute tags, swap ops), and the compiler places the
-   prefetches in the backward.
+   prefetches in the backward. Under ``codegen="inductor"`` a fraction is met by Inductor's
+   budgeted min-cut instead, within the graph's share (:mod:`.inductor_budget`; the plan's
+   tags are its fallback), random ops replayed exactly there too.
+
+``noop_dropout`` (:mod:`.noop_dropout`, before autograd, same flag) drops dropout calls
+that return their input, so the plain saved bytes a fraction is taken of are eager's.
 
 A fraction is the model's: the graphs one backend compiles share it, each planned within
 what the graphs before it left (:mod:`fxopt.planner.ledger`; ``stats["share_bytes"]``).
