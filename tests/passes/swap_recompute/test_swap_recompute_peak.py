@@ -20,7 +20,10 @@ TOLERANCE = 0.05  # issue 15: the recompute memory model's required accuracy
 def _step(budget):
     """The measured peak of the compiled step's graphs, and swap_recompute's record."""
     torch.manual_seed(0)
-    backend = Backend({} if budget is None else {"memory_budget": budget})
+    # noop_dropout off: the block's dropout(p=0) clone stays, as when the numbers above were
+    # measured; without it the lowest reachable peak is 93% of the keep-all one
+    options = {"rewrite_limit": {"noop_dropout": 0}}
+    backend = Backend(options if budget is None else {**options, "memory_budget": budget})
     torch.compile(Block(dim=32, heads=4), backend=backend)(torch.randn(4, 64, 32)).sum().backward()
     torch._dynamo.reset()
     (graph,) = backend.graphs
