@@ -1,7 +1,9 @@
 """Capture the joint forward+backward graphs of one training step, for planning offline.
 
 ``fxopt plan`` and the planner's tests need the joint graph AOTAutograd builds, without
-running fxopt's passes: :func:`capture_joints` compiles the model with a recording
+running fxopt's passes (but for the dropout calls that return their input, dropped as
+compilation under a budget drops them, so a saved plan's graphs are compilation's):
+:func:`capture_joints` compiles the model with a recording
 AOTAutograd backend configured as fxopt's (no decompositions, the default partition,
 input mutations kept), runs one step (``model(*inputs)``, then backward from the sum of
 the output, so a scalar loss is itself), and returns each graph's joint with its
@@ -19,6 +21,7 @@ import torch
 from torch import fx, nn
 
 from fxopt import _compat
+from fxopt.passes.swap_recompute.noop_dropout import drop_noop_dropouts
 
 __all__ = ["CapturedJoint", "capture_joints"]
 
@@ -42,8 +45,15 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
     def run_as_is(gm: fx.GraphModule, _: Any) -> Any:
         return _compat.boxed_fx_callable(gm)
 
-    backend = _compat.aot_autograd(fw_compiler=run_as_is, bw_compiler=run_as_is,
-                                   partition_fn=partition, keep_inference_input_mutations=True)
+    aot = _compat.aot_autograd(fw_compiler=run_as_is, bw_compiler=run_as_is,
+                               partition_fn=partition, keep_inference_input_mutations=True)
+
+    def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        # what compilation under a budget does before autograd (swap_recompute's flag)
+        if drop_noop_dropouts(gm):
+            gm.recompile()
+        return aot(gm, example_inputs)
+
     out = torch.compile(model, backend=backend, dynamic=dynamic)(*inputs)
     loss = _first_tensor(out)
     if loss is None or not loss.requires_grad:

@@ -18,13 +18,15 @@ in the pipeline, so tempo's attention matcher sees the graph eager would run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.fx as fx
 
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.torch_calls import arg, is_call
 
-__all__ = ["noop_dropout"]
+__all__ = ["drop_noop_dropouts", "noop_dropout", "returns_input"]
 
 
 def returns_input(node: fx.Node) -> bool:
@@ -35,15 +37,22 @@ def returns_input(node: fx.Node) -> bool:
     return (constant_p and p == 0) or training is False
 
 
-def noop_dropout(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+def drop_noop_dropouts(gm: fx.GraphModule, allow: Callable[[], bool] = lambda: True) -> int:
+    """Replace each dropout call that returns its input by that input (those ``allow``
+    accepts); the number replaced. ``fxopt plan``'s capture calls it too, so the joint
+    graphs it plans are those compilation under a budget builds."""
     removed = 0
     for node in list(gm.graph.nodes):
         if not is_call(node, "dropout") or not isinstance(node.args[0], fx.Node):
             continue
-        if not returns_input(node) or not ctx.rewrites.allow():
+        if not returns_input(node) or not allow():
             continue
         node.replace_all_uses_with(node.args[0])
         gm.graph.erase_node(node)
         removed += 1
-    return PassResult(gm, removed > 0, {"dropouts_removed": removed})
+    return removed
 
+
+def noop_dropout(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    removed = drop_noop_dropouts(gm, ctx.rewrites.allow)
+    return PassResult(gm, removed > 0, {"dropouts_removed": removed})
