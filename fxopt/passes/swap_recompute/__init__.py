@@ -29,6 +29,7 @@ import logging
 
 import torch.fx as fx
 
+from fxopt.analysis import estimate_partitioned_memory
 from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import (
@@ -64,17 +65,37 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                      replay=saved_plan, strict=ctx.options.strict,
                      ledger=ledger)
     fraction = "fraction" in plan.extra
-    stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
-    if plan.actions:  # the plan in the report and the debug dump, loadable by `plan`
-        stats["plan"] = plan.to_dict()
-    else:
+    if not plan.actions:
+        stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
         stats["fits"] = plan.feasible
         return PassResult(gm, False, stats)
     if fraction:
-        return PassResult(gm, _tag_chains(gm, plan, ctx) > 0, stats)
-    applied = apply_decision(gm, analysis, problem.activations, plan, ctx)
-    log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
-    return PassResult(gm, bool(applied), stats)
+        changed = _tag_chains(gm, plan, ctx) > 0
+    else:
+        applied = apply_decision(gm, analysis, problem.activations, plan, ctx)
+        log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
+        changed = bool(applied)
+    _predict_peak(gm, plan, ctx)
+    stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
+    stats["plan"] = plan.to_dict()  # in the report and the debug dump, loadable by `plan`
+    return PassResult(gm, changed, stats)
+
+
+def _predict_peak(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> None:
+    """The plan's predicted peak is the compiled step's simulation, the one explain shows
+    (:func:`~fxopt.analysis.estimate_partitioned_memory` of the tagged graph); the solver's
+    timeline model's figure stays as ``model_peak_bytes``. A swap's bytes leave the device
+    when its copy is done, which a simulation of the graphs cannot see: with swaps the
+    timeline model's figure stands."""
+    if "swap" in plan.actions.values():
+        return
+    simulated = estimate_partitioned_memory(gm, ctx.facts["num_fwd_outputs"],
+                                            codegen=ctx.options.codegen).peak_bytes
+    if "peak_bytes" in plan.predictions:
+        plan.predictions["model_peak_bytes"] = plan.predictions["peak_bytes"]
+    plan.predictions["peak_bytes"] = simulated
+    if "fraction" not in plan.extra and plan.budget_bytes is not None:
+        plan.feasible = simulated <= plan.budget_bytes
 
 
 def _tag_chains(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> int:
