@@ -86,3 +86,23 @@ def test_inductor_prediction_within_5_percent_of_measured():
     assert predicted == pytest.approx(measured, rel=TOLERANCE)
     # node by node (every intermediate stored) the same graphs are predicted too high
     assert estimate_step_memory(fw, bw).peak_bytes > (1 + TOLERANCE) * measured
+
+
+def test_inductor_buffers_fuses_pointwise_chains_and_reuses_dying_inputs():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxopt.analysis.memory import inductor_buffers
+
+    def step(x, w):
+        y = torch.mm(x, w)           # extern kernel: stored
+        e = torch.exp(y)             # read by a matmul: stored, in place of y (dies here)
+        r = torch.relu(torch.mm(e, w))
+        return (r * 2).sum()         # relu and mul computed inside the sum's kernel
+
+    gm = make_fx(step)(torch.randn(8, 8), torch.randn(8, 8))
+    by_target = {n.target: n for n in gm.graph.nodes if n.op == "call_function"}
+    aten = torch.ops.aten
+    fused, reuses = inductor_buffers(gm)
+    assert {n.target for n in fused} == {aten.relu.default, aten.mul.Tensor}
+    mm_first = next(n for n in gm.graph.nodes if n.target is aten.mm.default)
+    assert reuses == {by_target[aten.exp.default]: mm_first}
