@@ -271,7 +271,8 @@ def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first
     if start >= end:
         return None
     seconds = max(0.0, copy - hidden_out) + max(0.0, copy - hidden_in)
-    return ActivationChoice("swap", (start, end), seconds)
+    return ActivationChoice("swap", (start, end), seconds, copy_seconds=copy,
+                            offload_step=last_fw + 1, use_step=first_bw, blocking=blocking)
 
 
 def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile, *,
@@ -294,7 +295,8 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
         activations.append(SavedActivation(name, size, tuple(choices)))
     return ActivationProblem(
         live_bytes=tuple(b for _, b in a.estimate.timeline), activations=tuple(activations),
-        budget_bytes=budget_bytes, labels=tuple(label for label, _ in a.estimate.timeline))
+        budget_bytes=budget_bytes, labels=tuple(label for label, _ in a.estimate.timeline),
+        step_seconds=tuple(a.step_seconds))
 
 
 def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwareProfile, *,
