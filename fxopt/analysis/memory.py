@@ -45,11 +45,13 @@ from __future__ import annotations
 
 import logging
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
+from torch.utils.checkpoint import CheckpointPolicy
 
 from fxopt import _compat
 from fxopt.analysis.cost import is_view_op, node_cost, return_aliases
@@ -115,14 +117,19 @@ def estimate_step_memory(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule, *,
 
 
 def estimate_partitioned_memory(joint_gm: fx.GraphModule, num_fwd_outputs: int, *,
-                                codegen: str = "fx") -> MemoryEstimate:
+                                codegen: str = "fx",
+                                recompute: Iterable[str] = ()) -> MemoryEstimate:
     """The step a joint graph compiles to: a copy of it partitioned as fxopt's compiler
     partitions it (AOTAutograd's default partitioner for fx code generation, Inductor's
     for ``codegen="inductor"``; both read the recompute tags a plan put on the graph),
     then :func:`estimate_step_memory` of the two graphs. This is the simulation explain
     reports once the step is compiled, so a plan evaluated with it predicts what explain
-    shows. The graph itself is not changed."""
+    shows. ``recompute``: names of nodes tagged ``MUST_RECOMPUTE`` on the copy (a plan
+    not applied yet). The graph itself is not changed."""
     copy = fx.GraphModule(joint_gm, _compat.copy_graph(joint_gm.graph))
+    by_name = {n.name: n for n in copy.graph.nodes}
+    for name in recompute:
+        by_name[name].meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
     partition = (_compat.inductor_partition if codegen == "inductor"
                  else _compat.default_partition)
     forward, backward = partition(copy, None, num_fwd_outputs=num_fwd_outputs)

@@ -8,7 +8,16 @@ repeats after a warm-up:
 - memory bandwidth: a device-to-device ``copy_`` of a large tensor (bytes read + written);
 - host<->device bandwidth (GPU only): pinned host tensor to the device and back;
 - CPU optimizer throughput: ``torch.optim.Adam(foreach=True)`` steps on CPU tensors,
-  parameters updated per second (the figure the optimizer-offload model needs).
+  parameters updated per second (the figure the optimizer-offload model needs);
+- on a CPU, special functions (exp, erf, tanh, sigmoid, GELU; the median of their
+  elements per second) and random draws (``bernoulli_``, dropout's mask), which run far
+  below the memory bandwidth there (on a GPU they are memory-bound: not measured);
+- per-node overhead: the median time of an aten op on a one-element tensor called as
+  fx's generated code calls it (``torch.ops.aten.add.Tensor``), the fixed cost every
+  executed node pays on top of its roofline (on a GPU, the launch cost the host pays).
+
+``threads`` (``fxopt calibrate --threads N``) measures with that many CPU threads (torch's
+intra-op threads), for a profile of runs that use that many; the profile's notes record it.
 
 The profile is written as JSON to :func:`fxopt.planner.hardware.cache_path`
 (``$XDG_CACHE_HOME/fxopt/hardware/<device>.json``, by default ``~/.cache/fxopt/hardware/``),
@@ -40,12 +49,26 @@ PLAUSIBLE_FACTOR = 10.0  # a rate this many times off the documented default is 
 
 
 def calibrate(device: torch.device | str, *, size: int = 2048, copy_mib: int = 256,
-              adam_params: int = 1 << 22, repeats: int = 3) -> HardwareProfile:
+              adam_params: int = 1 << 22, repeats: int = 3,
+              threads: int | None = None) -> HardwareProfile:
     """Measure ``device`` (see the module doc); the default profile supplies the name and
-    capacity. Smaller sizes make it faster and less accurate (tests use tiny ones)."""
+    capacity. Smaller sizes make it faster and less accurate (tests use tiny ones).
+    ``threads``: measure with that many CPU threads (None: torch's current setting)."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("fxopt: cannot calibrate a CUDA device: CUDA is not available")
+    if threads is not None and threads < 1:
+        raise ValueError(f"fxopt: calibrate threads must be >= 1, not {threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return _calibrate(device, size, copy_mib, adam_params, repeats)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _calibrate(device: torch.device, size: int, copy_mib: int, adam_params: int,
+               repeats: int) -> HardwareProfile:
     base = default_profile(device)
     dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
     flops = {name: _matmul_rate(device, getattr(torch, name), size, repeats) for name in dtypes}
@@ -64,7 +87,13 @@ def calibrate(device: torch.device | str, *, size: int = 2048, copy_mib: int = 2
         host_device_bandwidth=host, cpu_update_params_per_second=_adam_rate(adam_params,
                                                                             repeats),
         memory_capacity=base.memory_capacity, source="calibrated",
-        notes=f"fxopt calibrate, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+        node_overhead_seconds=_node_overhead(device),
+        transcendental_per_second=(_elementwise_rate(device, _TRANSCENDENTAL, repeats)
+                                   if device.type == "cpu" else None),
+        random_per_second=(_elementwise_rate(device, _RANDOM, repeats)
+                           if device.type == "cpu" else None),
+        notes=f"fxopt calibrate, torch {torch.__version__}, {torch.get_num_threads()} "
+              f"threads, {time.strftime('%Y-%m-%d')}")
     log.info("calibrated %s: %s", device, profile)
     return profile
 
@@ -80,7 +109,9 @@ def implausible(profile: HardwareProfile, reference: HardwareProfile,
               ("host<->device bandwidth", profile.host_device_bandwidth,
                reference.host_device_bandwidth, 1e9, "GB/s"),
               ("CPU Adam", profile.cpu_update_params_per_second,
-               reference.cpu_update_params_per_second, 1e6, "Mparams/s")]
+               reference.cpu_update_params_per_second, 1e6, "Mparams/s"),
+              ("per-node overhead", profile.node_overhead_seconds,
+               reference.node_overhead_seconds, 1e-6, "us")]
     problems = []
     for what, measured, expected, scale, unit in rates:
         if measured is None or not expected:
@@ -114,6 +145,29 @@ def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     return 2 * n**3 / _best(lambda: a @ b, device, repeats)
+
+
+_TRANSCENDENTAL = (torch.exp, torch.erf, torch.tanh, torch.sigmoid,
+                   torch.nn.functional.gelu)
+_RANDOM = (lambda x: torch.empty_like(x).bernoulli_(0.9),)
+
+
+def _elementwise_rate(device: torch.device, functions: tuple[Callable, ...], repeats: int,
+                      elements: int = 1 << 20) -> float:
+    """Elements per second of ``functions`` on one tensor, the median over them."""
+    x = torch.randn(elements, device=device)
+    rates = sorted(elements / _best(lambda f=f: f(x), device, repeats) for f in functions)
+    return rates[len(rates) // 2]
+
+
+def _node_overhead(device: torch.device, calls: int = 200, rounds: int = 15) -> float:
+    """Median seconds of one tiny aten op, as generated fx code calls it."""
+    add = torch.ops.aten.add.Tensor
+    x = torch.ones(1, device=device)
+    per_call = []
+    for _ in range(rounds):
+        per_call.append(_best(lambda: [add(x, x) for _ in range(calls)], device, 1) / calls)
+    return sorted(per_call)[len(per_call) // 2]
 
 
 def _adam_rate(params: int, repeats: int) -> float:

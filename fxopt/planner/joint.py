@@ -46,7 +46,7 @@ import torch.fx as fx
 
 from fxopt.analysis.cost import node_cost, return_aliases
 from fxopt.analysis.memory import MemoryEstimate, estimate_joint_memory
-from fxopt.analysis.shapes import nbytes, storage_nbytes
+from fxopt.analysis.shapes import nbytes, storage_nbytes, tensor_values
 from fxopt.planner.activations import (
     ActivationChoice,
     ActivationProblem,
@@ -183,12 +183,13 @@ def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
     group_of = {n: name for name, group in candidates.items() for n in group}
     step_seconds = [0.0] * len(estimate.timeline)
     for n, s in step_of.items():
-        if n.op == "call_function":
+        if n.op == "call_function" and tensor_values(n):  # not SymInt arithmetic
             cost = node_cost(n)
             val = n.meta.get("val")
             dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
-            step_seconds[s] = profile.compute_seconds(
-                cost.flops, cost.bytes_read + cost.bytes_written, dtype)
+            step_seconds[s] = profile.node_seconds(
+                cost.flops, cost.bytes_read + cost.bytes_written, dtype,
+                transcendental=cost.transcendental, random=cost.random)
     return JointAnalysis(estimate, step_of, bw_start, saved, candidates, group_of, base,
                          aliases, step_seconds)
 

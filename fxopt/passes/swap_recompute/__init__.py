@@ -39,10 +39,11 @@ from fxopt.passes.swap_recompute.apply import (
     place_prefetches,
 )
 from fxopt.planner import InfeasibleBudget, Plan, StepProblem, plan_step, profile_for
-from fxopt.planner.joint import step_problem
+from fxopt.planner.joint import JointAnalysis, group_chain, step_problem
 from fxopt.planner.plan import load_plans, plan_for_graph
 
-__all__ = ["swap_recompute", "InfeasibleBudget", "place_prefetches", "SWAP_OPS"]
+__all__ = ["swap_recompute", "InfeasibleBudget", "place_prefetches", "predict_plan_peak",
+           "SWAP_OPS"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                      replay=saved_plan, strict=ctx.options.strict,
                      ledger=ledger)
     fraction = "fraction" in plan.extra
+    if plan.actions:
+        predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"],
+                          ctx.options.codegen)
     if not plan.actions:
         stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
         stats["fits"] = plan.feasible
@@ -75,22 +79,27 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         applied = apply_decision(gm, analysis, problem.activations, plan, ctx)
         log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
         changed = bool(applied)
-    _predict_peak(gm, plan, ctx)
     stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
     stats["plan"] = plan.to_dict()  # in the report and the debug dump, loadable by `plan`
     return PassResult(gm, changed, stats)
 
 
-def _predict_peak(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> None:
-    """The plan's predicted peak is the compiled step's simulation, the one explain shows
-    (:func:`~fxopt.analysis.estimate_partitioned_memory` of the tagged graph); the solver's
-    timeline model's figure stays as ``model_peak_bytes``. A swap's bytes leave the device
-    when its copy is done, which a simulation of the graphs cannot see: with swaps the
-    timeline model's figure stands."""
+def predict_plan_peak(plan: Plan, gm: fx.GraphModule, analysis: JointAnalysis,
+                      num_fwd_outputs: int, codegen: str) -> None:
+    """Set ``plan``'s predicted peak to the compiled step's simulation, the one explain
+    shows: a copy of the joint graph ``gm`` with the plan's recompute tags, partitioned as
+    the compiler will (:func:`~fxopt.analysis.estimate_partitioned_memory`). The solver's
+    timeline model's figure stays as ``model_peak_bytes``; a byte plan's ``feasible`` is
+    the simulated peak's. The pass and ``fxopt plan`` both call it, so a saved plan
+    predicts what compilation predicts. A swap's bytes leave the device when its copy is
+    done, which a simulation of the graphs cannot see: with swaps the timeline model's
+    figure stands."""
     if "swap" in plan.actions.values():
         return
-    simulated = estimate_partitioned_memory(gm, ctx.facts["num_fwd_outputs"],
-                                            codegen=ctx.options.codegen).peak_bytes
+    tagged = plan.extra["tagged"] if "fraction" in plan.extra else [
+        n.name for name in plan.actions for n in group_chain(analysis, name)[0]]
+    simulated = estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,
+                                            recompute=tagged).peak_bytes
     if "peak_bytes" in plan.predictions:
         plan.predictions["model_peak_bytes"] = plan.predictions["peak_bytes"]
     plan.predictions["peak_bytes"] = simulated

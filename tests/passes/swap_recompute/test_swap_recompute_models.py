@@ -26,15 +26,14 @@ sys.modules["budget_reach"] = reach  # dataclasses look their module up there
 _spec.loader.exec_module(reach)
 
 # GPT-2, BERT and the MLP are covered by test_swap_recompute.py and the property test.
-# ViT misses the bound: transformers' ViT calls dropout with p=0.0, which eager returns as
+# ViT is near the bound: transformers' ViT calls dropout with p=0.0, which eager returns as
 # is and AOTAutograd's decomposition turns into a clone of the attention probabilities; the
 # compiled graph saves that clone besides the softmax output (two (4, 17, 17) tensors here),
 # so its plain saved bytes, the base the fraction is taken of, are 7.5% above eager's.
-VIT_CLONE = pytest.mark.xfail(strict=True, reason="the compiled graph saves dropout(p=0)'s "
-                              "clone, which eager does not: plain bytes 7.5% above eager's")
+# Which tensors the fraction path keeps follows the node costs: with the per-node overhead
+# and special-function costs (issue 16) it keeps 0.508 of eager's, within the 5% allowed.
 CASES = [*(pytest.param(name, 0.5, {}, id=f"{name}-0.5")
-           for name in ("llama", "t5", "resnet", "lstm", "handlstm")),
-         pytest.param("vit", 0.5, {}, id="vit-0.5", marks=VIT_CLONE),
+           for name in ("llama", "t5", "resnet", "lstm", "handlstm", "vit")),
          pytest.param("handlstm", 0.3, reach.options_for("handlstm", fuse_rnn=True),
                       id="handlstm-0.3-fuse_rnn"),
          pytest.param("llama", 0.5, reach.options_for("llama", tempo=True),
