@@ -80,7 +80,7 @@ TRANSCENDENTAL_OPS = frozenset({
     aten.exp, aten.exp2, aten.expm1, aten.log, aten.log1p, aten.log2, aten.log10,
     aten.tanh, aten.sigmoid, aten.erf, aten.erfc, aten.erfinv, aten.gelu,
     aten.gelu_backward, aten.silu, aten.silu_backward, aten.sin, aten.cos, aten._softmax,
-    aten._log_softmax, aten._log_softmax_backward_data, aten.logsumexp,
+    aten._safe_softmax, aten._log_softmax, aten._log_softmax_backward_data, aten.logsumexp,
 })
 
 # Schema says "returns a new tensor", but at run time it is a view of its (freshly made)

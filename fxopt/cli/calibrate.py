@@ -12,12 +12,15 @@ repeats after a warm-up:
 - on a CPU, special functions (exp, erf, tanh, sigmoid, GELU; the median of their
   elements per second) and random draws (``bernoulli_``, dropout's mask), which run far
   below the memory bandwidth there (on a GPU they are memory-bound: not measured);
-- per-node overhead: the median time of an aten op on a one-element tensor called as
-  fx's generated code calls it (``torch.ops.aten.add.Tensor``), the fixed cost every
-  executed node pays on top of its roofline (on a GPU, the launch cost the host pays).
+- per-node overhead, the fixed cost every executed node pays on top of its roofline: on
+  the CPU, a compiled training step of a tiny network (fxopt, fx code generation; rooflines
+  negligible) divided by its nodes, so generated code, dispatch, allocation and
+  AOTAutograd's runtime are in it (about 2 s, most of it compiling); on a GPU, the median
+  time of an aten op on a one-element tensor (the launch cost the host pays).
 
 ``threads`` (``fxopt calibrate --threads N``) measures with that many CPU threads (torch's
 intra-op threads), for a profile of runs that use that many; the profile's notes record it.
+With one thread on the CPU, times are the process's CPU time, not the wall clock's.
 
 The profile is written as JSON to :func:`fxopt.planner.hardware.cache_path`
 (``$XDG_CACHE_HOME/fxopt/hardware/<device>.json``, by default ``~/.cache/fxopt/hardware/``),
@@ -130,14 +133,18 @@ def _best(fn: Callable[[], object], device: torch.device, repeats: int) -> float
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    # One CPU thread: the process's CPU time, which a machine busy with other work does not
+    # stretch (its wall-clock time does: a loaded 2-core machine halved the rates measured)
+    clock = (time.process_time if device.type == "cpu" and torch.get_num_threads() == 1
+             else time.perf_counter)
     fn()
     sync()
     best = float("inf")
     for _ in range(max(1, repeats)):
-        began = time.perf_counter()
+        began = clock()
         fn()
         sync()
-        best = min(best, time.perf_counter() - began)
+        best = min(best, clock() - began)
     return max(best, 1e-9)
 
 
@@ -161,13 +168,40 @@ def _elementwise_rate(device: torch.device, functions: tuple[Callable, ...], rep
 
 
 def _node_overhead(device: torch.device, calls: int = 200, rounds: int = 15) -> float:
-    """Median seconds of one tiny aten op, as generated fx code calls it."""
+    """Seconds per executed node beyond its roofline. On the CPU: a compiled training step
+    (fxopt, fx code generation) of a tiny network whose nodes' rooflines are negligible,
+    the median step time over its forward and backward nodes: what generated code, the
+    dispatcher, allocation and AOTAutograd's runtime cost per node. Elsewhere: the median
+    time of one tiny aten op called as generated fx code calls it."""
+    if device.type == "cpu":
+        return _compiled_step_overhead(rounds)
     add = torch.ops.aten.add.Tensor
     x = torch.ones(1, device=device)
     per_call = []
     for _ in range(rounds):
         per_call.append(_best(lambda: [add(x, x) for _ in range(calls)], device, 1) / calls)
     return sorted(per_call)[len(per_call) // 2]
+
+
+def _compiled_step_overhead(rounds: int) -> float:
+    from fxopt.compiler import Backend
+
+    torch.manual_seed(0)
+    blocks = [m for _ in range(6) for m in (torch.nn.Linear(8, 8), torch.nn.GELU(),
+                                            torch.nn.LayerNorm(8))]
+    model = torch.nn.Sequential(*blocks)
+    backend = Backend({"codegen": "fx"})
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        compiled(x).sum().backward()
+
+    times = sorted(_best(step, torch.device("cpu"), 1) for _ in range(rounds))
+    torch._dynamo.reset()
+    nodes = sum(1 for record in backend.graphs for kind in ("forward", "backward")
+                for n in record.graphs[kind].graph.nodes if n.op == "call_function")
+    return times[len(times) // 2] / max(nodes, 1)
 
 
 def _adam_rate(params: int, repeats: int) -> float:

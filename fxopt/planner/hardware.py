@@ -109,12 +109,12 @@ class HardwareProfile:
 
 
 # A 2-core x86 container like fxopt's CI: measured with torch 2.13 (fp32 GEMM ~60 GFLOP/s,
-# copy ~8 GB/s, torch._fused_adam on CPU tensors ~1.5e8 params/s; one thread: ~2 us per
-# aten op, special functions ~1.2e9 and random draws ~1.7e8 elements/s).
+# copy ~8 GB/s, torch._fused_adam on CPU tensors ~1.5e8 params/s; one thread: ~8 us per
+# node of a compiled fx step, special functions ~1.2e9 and random draws ~1.7e8 elements/s).
 CPU_DEFAULT = HardwareProfile(
     name="cpu", device_type="cpu", flops={"float32": 60 * _GIGA, "bfloat16": 30 * _GIGA},
     memory_bandwidth=8 * _GIGA, host_device_bandwidth=None,
-    cpu_update_params_per_second=1.5e8, node_overhead_seconds=2e-6,
+    cpu_update_params_per_second=1.5e8, node_overhead_seconds=8e-6,
     transcendental_per_second=1.2e9, random_per_second=1.7e8,
     notes="generic CPU default; calibrate for a real figure")
 
