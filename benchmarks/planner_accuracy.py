@@ -33,20 +33,25 @@ import argparse
 import copy
 import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
+
+sys.path.insert(0, str(Path(__file__).parent))
+from codegen_auto import SIZES  # noqa: E402  (benchmarks/codegen_auto.py: the models)
+from codegen_auto import build as build_model  # noqa: E402
 
 from fxopt.compiler import Backend
 from fxopt.planner import profile_for
 from fxopt.planner.joint import analyse_joint
 from fxopt.profile import profile_memory
 
-SIZE = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "positions": 128,
-        "batch": 4, "seq": 128}
+SIZE = SIZES["suite"] = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000,
+                         "positions": 128, "batch": 4, "seq": 128}
 TIME_TOLERANCE, PEAK_TOLERANCE = 0.15, 0.05
 
 
@@ -62,26 +67,10 @@ class LossOf(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), input_ids.flatten())
 
 
-def build(kind: str) -> torch.nn.Module:
-    s = SIZE
-    torch.manual_seed(0)
-    if kind == "gpt2":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"],
-            n_positions=s["positions"], vocab_size=s["vocab"], attn_implementation="eager"))
-    elif kind == "bert":
-        model = transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=s["layers"], hidden_size=s["hidden"],
-            num_attention_heads=s["heads"], intermediate_size=4 * s["hidden"],
-            max_position_embeddings=s["positions"], vocab_size=s["vocab"],
-            attn_implementation="eager"))
-    else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            num_hidden_layers=s["layers"], hidden_size=s["hidden"],
-            num_attention_heads=s["heads"], num_key_value_heads=s["heads"],
-            intermediate_size=int(8 / 3 * s["hidden"]) // 16 * 16, attention_dropout=0.1,
-            max_position_embeddings=s["positions"], vocab_size=s["vocab"]))
-    return LossOf(model.train())
+def build(kind: str, size: str = "suite") -> torch.nn.Module:
+    """``kind`` at a size of :data:`codegen_auto.SIZES`, its loss in the compiled module."""
+    model, _ = build_model(kind, size)
+    return LossOf(model)
 
 
 @dataclass

@@ -1,54 +1,45 @@
 """One memory model: the peak a plan predicts is the compiled step's simulation, the one
 explain reports, and it is within 5% of the peak measured by the memory profiler on the
-real compiled step (transformers' GPT-2, BERT and Llama at tiny sizes, dropout 0.1, one
-graph: the loss is computed in the compiled module).
+real compiled step (transformers' GPT-2, BERT and Llama at the suite's smoke size, dropout
+0.1, one graph: the loss is computed in the compiled module).
 
-Measured when written (2 layers, hidden 64, batch 2 x 32): with fx code generation the
+Measured when written at 2 layers x 64 (batch 2 x 32; the tests run the smoke size,
+2 layers x 32): with fx code generation the
 prediction equals the measurement to 0.01% at fraction budgets 0.7 and 0.5 and at a byte
 budget. With ``codegen="inductor"`` and no budget, the Inductor-aware simulation
 (:func:`fxopt.analysis.memory.inductor_buffers`) is within 0.1% on GPT-2 and BERT, where
 the node-by-node simulation is 13% and 8% over.
 """
 
+import importlib.util
+import pathlib
+import sys
+
 import pytest
 import torch
-import transformers
 
 from fxopt.analysis import estimate_step_memory
 from fxopt.compiler import Backend
 from fxopt.profile import profile_memory
 
+pytest.importorskip("transformers")
+
+# the models of benchmarks/planner_accuracy.py (its loss in the module: one graph), at the
+# benchmark suite's smoke size
+_PATH = pathlib.Path(__file__).parents[2] / "benchmarks" / "planner_accuracy.py"
+_spec = importlib.util.spec_from_file_location("planner_accuracy", _PATH)
+accuracy = importlib.util.module_from_spec(_spec)
+sys.modules["planner_accuracy"] = accuracy  # dataclasses look their module up there
+_spec.loader.exec_module(accuracy)
+
 TOLERANCE = 0.05  # issue 16: predicted peak within 5% of measured
 
 
-class LossOf(torch.nn.Module):
-    """A language model and its loss in one module, so that Dynamo captures one graph."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=input_ids).logits
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), input_ids.flatten())
-
-
 def tiny(kind: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    size = accuracy.SIZES["smoke"]
     torch.manual_seed(0)
-    common = dict(vocab_size=101, max_position_embeddings=64)
-    if kind == "gpt2":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=101,
-            attn_implementation="eager"))
-    elif kind == "bert":
-        model = transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=256,
-            attn_implementation="eager", **common))
-    else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
-            intermediate_size=160, attention_dropout=0.1, **common))
-    return LossOf(model.train()), {"input_ids": torch.randint(0, 101, (2, 32))}
+    ids = torch.randint(0, size["vocab"], (size["batch"], size["seq"]))
+    return accuracy.build(kind, "smoke").train(), {"input_ids": ids}
 
 
 def compiled_step(kind: str, options: dict) -> tuple[int, object]:
