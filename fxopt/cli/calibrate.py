@@ -198,7 +198,6 @@ def _compiled_step_overhead(rounds: int) -> float:
         compiled(x).sum().backward()
 
     times = sorted(_best(step, torch.device("cpu"), 1) for _ in range(rounds))
-    torch._dynamo.reset()
     nodes = sum(1 for record in backend.graphs for kind in ("forward", "backward")
                 for n in record.graphs[kind].graph.nodes if n.op == "call_function")
     return times[len(times) // 2] / max(nodes, 1)
