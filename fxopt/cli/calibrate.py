@@ -186,7 +186,6 @@ def _node_overhead(device: torch.device, calls: int = 200, rounds: int = 15) -> 
 def _compiled_step_overhead(rounds: int) -> float:
     from fxopt.compiler import Backend
 
-    torch.manual_seed(0)
     blocks = [m for _ in range(6) for m in (torch.nn.Linear(8, 8), torch.nn.GELU(),
                                             torch.nn.LayerNorm(8))]
     model = torch.nn.Sequential(*blocks)
