@@ -287,25 +287,29 @@ class _GraphCompiler:
         changed = [r for r in self.record.passes if r.stage == Stage.JOINT.value
                    and r.status == "changed"]
         if changed:
-            after = _report_only(lambda fw: estimate_step_memory(fw, backward), forward)
+            codegen = self.options.codegen
+            after = _report_only(
+                lambda fw: estimate_step_memory(fw, backward, codegen=codegen), forward)
             for record in changed:
                 record.memory_after = after
 
     def _compile_forward(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        backward = self._partitioned_backward
+        backward, codegen = self._partitioned_backward, self.options.codegen
 
         def estimate(g: fx.GraphModule) -> MemoryEstimate | None:
-            return None if backward is None else estimate_step_memory(g, backward)
+            return (None if backward is None
+                    else estimate_step_memory(g, backward, codegen=codegen))
 
         ctx = self._context(Stage.FORWARD, GraphKind.FORWARD, example_inputs, estimate)
         return self._finish(Stage.FORWARD, gm, ctx, example_inputs)
 
     def _compile_backward(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         start = time.perf_counter()
-        forward = self.record.graphs.get("forward")
+        forward, codegen = self.record.graphs.get("forward"), self.options.codegen
 
         def estimate(g: fx.GraphModule) -> MemoryEstimate | None:
-            return None if forward is None else estimate_step_memory(forward, g)
+            return (None if forward is None
+                    else estimate_step_memory(forward, g, codegen=codegen))
 
         ctx = self._context(Stage.BACKWARD, GraphKind.BACKWARD, example_inputs, estimate)
         compiled = self._finish(Stage.BACKWARD, gm, ctx, example_inputs)

@@ -33,6 +33,7 @@ from fxopt.analysis.memory import (
     MemoryEstimate,
     estimate_forward_memory,
     estimate_joint_memory,
+    estimate_partitioned_memory,
     estimate_step_memory,
 )
 from fxopt.analysis.shapes import (
@@ -46,8 +47,7 @@ from fxopt.analysis.shapes import (
 __all__ = [
     "KINDS", "GraphCost", "LiveStorageTracker", "MeasuredMemory", "MemoryEstimate", "NodeCost",
     "SavedBytes", "ensure_fake_values", "estimate_forward_memory", "estimate_joint_memory",
-    "estimate_step_memory", "graph_cost", "is_view_op", "measure_peak_memory",
-    "measure_saved_bytes", "nbytes",
-    "node_cost", "run_graph", "run_step_graphs", "size_hint", "storage_nbytes",
-    "tensor_values",
+    "estimate_partitioned_memory", "estimate_step_memory", "graph_cost", "is_view_op",
+    "measure_peak_memory", "measure_saved_bytes", "nbytes", "node_cost", "run_graph",
+    "run_step_graphs", "size_hint", "storage_nbytes", "tensor_values",
 ]

@@ -60,6 +60,8 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
                                     "cache them for the planner")
     calibrate.add_argument("--device", default="cuda" if _cuda() else "cpu")
     calibrate.add_argument("--quick", action="store_true", help="tiny sizes (seconds, rough)")
+    calibrate.add_argument("--threads", type=int, default=None,
+                           help="measure with N CPU threads (default: torch's setting)")
     calibrate.add_argument("--force", action="store_true",
                            help="cache the profile even when a rate is more than 10x off "
                            "the device's documented default")
@@ -85,6 +87,7 @@ def _plan(args: argparse.Namespace) -> int:
     from fxopt.cli.capture import capture_joints
     from fxopt.codegen import choose_codegen
     from fxopt.config import Options, parse_memory_budget
+    from fxopt.passes.swap_recompute import predict_plan_peak
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
     from fxopt.planner.joint import step_problem
@@ -115,8 +118,9 @@ def _plan(args: argparse.Namespace) -> int:
     joints = capture_joints(model, inputs, dynamic=args.dynamic)
     ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
     plans = []
-    problems = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
-                             name=f"g{index}")[1] for index, joint in enumerate(joints)]
+    built = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
+                          name=f"g{index}") for index, joint in enumerate(joints)]
+    problems = [problem for _, problem in built]
     shares: list[int | None] = [None] * len(joints)
     if args.joint:
         shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
@@ -138,6 +142,9 @@ def _plan(args: argparse.Namespace) -> int:
         if budget is not None:
             plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
                              ledger=ledger, share_bytes=shares[index])
+            if plan.actions:  # the peak compilation predicts (and explain shows)
+                predict_plan_peak(plan, joint.gm, built[index][0], joint.num_fwd_outputs,
+                                  codegen)
             if "saved_bytes" in plan.predictions:
                 reached = (f"predicted saved bytes "
                            f"{format_bytes(int(plan.predictions['saved_bytes']))} (share "
@@ -209,8 +216,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     sizes = {"size": 256, "copy_mib": 16, "adam_params": 1 << 18} if args.quick else {}
     try:
-        profile = calibrate(args.device, **sizes)
-    except RuntimeError as error:
+        profile = calibrate(args.device, threads=args.threads, **sizes)
+    except (RuntimeError, ValueError) as error:
         print(f"fxopt calibrate: {error}", file=sys.stderr)
         return 2
     for name, rate in profile.flops.items():
@@ -219,6 +226,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     if profile.host_device_bandwidth is not None:
         print(f"host<->device     {profile.host_device_bandwidth / 1e9:10.1f} GB/s")
     print(f"CPU Adam          {profile.cpu_update_params_per_second / 1e6:10.1f} Mparams/s")
+    print(f"per-node overhead {profile.node_overhead_seconds * 1e6:10.1f} us")
+    for what, rate in (("special functions", profile.transcendental_per_second),
+                       ("random numbers", profile.random_per_second)):
+        if rate is not None:
+            print(f"{what:<17} {rate / 1e6:10.1f} M elements/s")
     problems = implausible(profile, default_profile(args.device))
     for problem in problems:
         print(f"fxopt calibrate: implausible: {problem}", file=sys.stderr)

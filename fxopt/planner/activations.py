@@ -11,6 +11,19 @@ removes its bytes from the live set over a *window* of that timeline and costs t
 - **swap**: its bytes are free once the copy to host memory has finished until the
   prefetch starts; the cost is the copy time that compute in the window cannot hide.
 
+Step time (:func:`added_seconds`). Alone, a choice adds its ``seconds``. Where the problem
+has the compute time of every step (``step_seconds``) and a swap its link data (copy time,
+the step its offload is issued at, the step that waits for its prefetch), the chosen
+actions are priced together, by running the step on two resources: the compute stream
+(every step's compute, each recompute just before the step that first reads its tensor,
+the waits for prefetches) and one host link that copies in issue order, one copy at a
+time. So swaps that share the link queue behind each other instead of each being hidden
+as if it had the link alone, and a recompute placed while a prefetch is still copying
+fills that wait instead of adding to it. The added time is the simulated step's length
+less the compute of the plain step. The solvers optimise the choices' own ``seconds`` (a
+linear objective), then :func:`improve_overlap` moves swaps to recompute or keep where
+the joint price falls within the budget.
+
 Whoever builds an :class:`ActivationProblem` (the ``swap_recompute`` pass, from the joint
 graph) computes each choice's window and cost; whoever decides (the pass's heuristic, or the
 planner's solver) only reads this data and returns a :class:`Decision`. The functions here
@@ -26,7 +39,8 @@ from typing import Any, Literal
 
 __all__ = [
     "ACTIONS", "Action", "ActivationChoice", "ActivationProblem", "Decision",
-    "SavedActivation", "added_seconds", "evaluate", "peak_bytes", "timeline_bytes",
+    "SavedActivation", "added_seconds", "evaluate", "improve_overlap", "peak_bytes",
+    "timeline_bytes",
 ]
 
 Action = Literal["keep", "recompute", "swap"]
@@ -47,6 +61,13 @@ class ActivationChoice:
     window: tuple[int, int]
     seconds: float
     requires: tuple[str, ...] = ()
+    # a swap's host link data (copy_seconds 0: none, priced by ``seconds`` alone): one
+    # copy's time each way, the step its offload is issued before, the step that waits
+    # for its prefetch (issued before ``window[1]``), and whether the offload blocks compute
+    copy_seconds: float = 0.0
+    offload_step: int = 0
+    use_step: int = 0
+    blocking: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,9 +93,13 @@ class ActivationProblem:
     activations: tuple[SavedActivation, ...]
     budget_bytes: int
     labels: tuple[str, ...] = ()
+    step_seconds: tuple[float, ...] = ()   # compute per step, everything kept (or unknown)
 
     def __post_init__(self) -> None:
         steps = len(self.live_bytes)
+        if self.step_seconds and len(self.step_seconds) != steps:
+            raise ValueError(f"fxopt: {len(self.step_seconds)} step_seconds for a timeline "
+                             f"of {steps} steps")
         names = [a.name for a in self.activations]
         if len(set(names)) != len(names):
             raise ValueError("fxopt: saved activation names must be unique")
@@ -84,6 +109,11 @@ class ActivationProblem:
                 if c.action == "keep" or not 0 <= start <= end <= steps:
                     raise ValueError(f"fxopt: bad choice {c} for {act.name!r} on a timeline "
                                      f"of {steps} steps")
+                if c.copy_seconds > 0 and not (0 <= c.offload_step <= start
+                                               and end <= c.use_step <= steps):
+                    raise ValueError(f"fxopt: {act.name!r}'s swap is offloaded at step "
+                                     f"{c.offload_step} and waited for at {c.use_step}, "
+                                     f"outside its window {c.window}")
                 if missing := set(c.requires) - set(names):
                     raise ValueError(f"fxopt: {act.name!r} requires unknown tensors {missing}")
 
@@ -144,10 +174,90 @@ def peak_bytes(problem: ActivationProblem, actions: Mapping[str, Action]) -> int
 
 
 def added_seconds(problem: ActivationProblem, actions: Mapping[str, Action]) -> float:
-    """Step time the actions add: the sum of their chosen choices' seconds."""
+    """Step time the actions add: their choices' seconds, or, where a chosen swap has link
+    data and the problem its steps' compute, the two-resource simulation of the module
+    doc."""
     _check(problem, actions)
     known = problem.by_name()
-    return sum(known[n].choice(a).seconds for n, a in actions.items() if a != "keep")
+    chosen = [known[n].choice(a) for n, a in actions.items() if a != "keep"]
+    if not problem.step_seconds or not any(c.copy_seconds > 0 for c in chosen):
+        return sum(c.seconds for c in chosen)
+    return _overlapped_seconds(problem.step_seconds, chosen)
+
+
+def _overlapped_seconds(step_seconds: tuple[float, ...],
+                        chosen: list[ActivationChoice]) -> float:
+    steps = len(step_seconds)
+    recompute = [0.0] * (steps + 1)
+    offloads: dict[int, list[int]] = {}
+    prefetches: dict[int, list[int]] = {}
+    waits: dict[int, list[int]] = {}
+    fixed = 0.0
+    for i, c in enumerate(chosen):
+        if c.action == "recompute":
+            recompute[c.window[1]] += c.seconds
+        elif c.copy_seconds > 0:
+            offloads.setdefault(c.offload_step, []).append(i)
+            prefetches.setdefault(c.window[1], []).append(i)
+            waits.setdefault(c.use_step, []).append(i)
+        else:
+            fixed += c.seconds
+    clock = link = 0.0
+    offloaded: dict[int, float] = {}
+    fetched: dict[int, float] = {}
+    for step in range(steps + 1):
+        for i in offloads.get(step, ()):
+            link = max(clock, link) + chosen[i].copy_seconds
+            offloaded[i] = link
+            if chosen[i].blocking:
+                clock = link
+        for i in prefetches.get(step, ()):
+            link = max(clock, link, offloaded[i]) + chosen[i].copy_seconds
+            fetched[i] = link
+        clock += recompute[step]       # recomputes run while prefetches are copying
+        for i in waits.get(step, ()):
+            clock = max(clock, fetched[i])
+        if step < steps:
+            clock += step_seconds[step]
+    return max(clock, link) - sum(step_seconds) + fixed
+
+
+def improve_overlap(problem: ActivationProblem, decision: Decision) -> Decision:
+    """``decision`` with swaps moved to another choice or kept, one at a time, while that
+    lowers :func:`added_seconds` (the joint price) and the peak stays within the budget
+    (or does not rise, for an infeasible decision). A no-op without link data."""
+    actions = dict(decision.actions)
+    bound = max(problem.budget_bytes, decision.peak_bytes)
+    best = added_seconds(problem, actions)
+    known = problem.by_name()
+    improved = True
+    while improved:
+        improved = False
+        for name in [n for n, a in actions.items() if a == "swap"]:
+            if known[name].choice("swap").copy_seconds <= 0:
+                continue
+            for other in ("keep", *(c.action for c in known[name].choices)):
+                trial = {**actions, name: other}
+                if other == "swap" or not _allowed(problem, trial):
+                    continue
+                trial = {n: a for n, a in trial.items() if a != "keep"}
+                seconds = added_seconds(problem, trial)
+                if seconds < best - 1e-12 and peak_bytes(problem, trial) <= bound:
+                    actions, best, improved = trial, seconds, True
+                    break
+    if actions == decision.actions:
+        return decision
+    return evaluate(problem, actions, decision.solver, **{
+        **decision.details, "status": f"{decision.details.get('status', '')}; swaps "
+        "repriced together on the host link"})
+
+
+def _allowed(problem: ActivationProblem, actions: Mapping[str, Action]) -> bool:
+    try:
+        _check(problem, actions)
+    except ValueError:
+        return False
+    return True
 
 
 def evaluate(problem: ActivationProblem, actions: Mapping[str, Action], solver: str,

@@ -2,7 +2,9 @@
 
 Every time prediction in fxopt (a recompute's cost, whether a swap's copy hides behind
 compute, where an optimizer subgroup should update) is a roofline against one profile:
-``max(flops / flop_rate, bytes / memory_bandwidth)`` per node, copies at
+``max(flops / flop_rate, bytes / memory_bandwidth)`` per node, plus a fixed
+``node_overhead_seconds`` per executed node (dispatch and allocation: on the CPU, with
+fx code generation, the larger part of a small model's step), copies at
 ``host_device_bandwidth``. The defaults below are *achievable* rates, not datasheet peaks:
 about 70% of the dense datasheet FLOP rate and 80% of the memory bandwidth, and the pinned
 host<->device copy rate typically measured on each platform's PCIe generation. A measured
@@ -56,6 +58,13 @@ class HardwareProfile:
     memory_capacity: int | None = None
     source: str = "default"
     notes: str = field(default="", compare=False)
+    # fixed seconds per executed node (dispatch, allocation, a Python call in fx code):
+    # what a roofline misses for small tensors; measured by ``fxopt calibrate``
+    node_overhead_seconds: float = 0.0
+    # elements per second of special functions (exp, erf, tanh, ...) and of random draws,
+    # where they are slower than the bytes they move (a CPU); None: memory-bound there
+    transcendental_per_second: float | None = None
+    random_per_second: float | None = None
 
     def flop_rate(self, dtype: torch.dtype | str) -> float:
         key = str(dtype).removeprefix("torch.")
@@ -65,6 +74,18 @@ class HardwareProfile:
                         dtype: torch.dtype | str = "float32") -> float:
         """Roofline time of one kernel: bound by its FLOPs or by the bytes it moves."""
         return max(flops / self.flop_rate(dtype), bytes_moved / self.memory_bandwidth)
+
+    def node_seconds(self, flops: float, bytes_moved: float,
+                     dtype: torch.dtype | str = "float32", *, transcendental: float = 0,
+                     random: float = 0) -> float:
+        """Time of one executed node: the fixed per-node overhead plus the slowest of its
+        roofline and its special-function and random-number work (``NodeCost``'s
+        ``transcendental`` and ``random`` elements), where the profile prices those."""
+        special = ((transcendental / self.transcendental_per_second
+                    if self.transcendental_per_second else 0.0)
+                   + (random / self.random_per_second if self.random_per_second else 0.0))
+        return self.node_overhead_seconds + max(
+            self.compute_seconds(flops, bytes_moved, dtype), special)
 
     def copy_seconds(self, nbytes: float) -> float | None:
         """One host<->device copy of ``nbytes`` (None where there is no separate memory)."""
@@ -88,11 +109,13 @@ class HardwareProfile:
 
 
 # A 2-core x86 container like fxopt's CI: measured with torch 2.13 (fp32 GEMM ~60 GFLOP/s,
-# copy ~8 GB/s, torch._fused_adam on CPU tensors ~1.5e8 params/s).
+# copy ~8 GB/s, torch._fused_adam on CPU tensors ~1.5e8 params/s; one thread: ~8 us per
+# node of a compiled fx step, special functions ~1.2e9 and random draws ~1.7e8 elements/s).
 CPU_DEFAULT = HardwareProfile(
     name="cpu", device_type="cpu", flops={"float32": 60 * _GIGA, "bfloat16": 30 * _GIGA},
     memory_bandwidth=8 * _GIGA, host_device_bandwidth=None,
-    cpu_update_params_per_second=1.5e8,
+    cpu_update_params_per_second=1.5e8, node_overhead_seconds=8e-6,
+    transcendental_per_second=1.2e9, random_per_second=1.7e8,
     notes="generic CPU default; calibrate for a real figure")
 
 # Datasheet dense rates x0.7, HBM x0.8, pinned copies as typically measured per PCIe gen.

@@ -46,7 +46,7 @@ import torch.fx as fx
 
 from fxopt.analysis.cost import node_cost, return_aliases
 from fxopt.analysis.memory import MemoryEstimate, estimate_joint_memory
-from fxopt.analysis.shapes import nbytes, storage_nbytes
+from fxopt.analysis.shapes import nbytes, storage_nbytes, tensor_values
 from fxopt.planner.activations import (
     ActivationChoice,
     ActivationProblem,
@@ -183,12 +183,13 @@ def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
     group_of = {n: name for name, group in candidates.items() for n in group}
     step_seconds = [0.0] * len(estimate.timeline)
     for n, s in step_of.items():
-        if n.op == "call_function":
+        if n.op == "call_function" and tensor_values(n):  # not SymInt arithmetic
             cost = node_cost(n)
             val = n.meta.get("val")
             dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
-            step_seconds[s] = profile.compute_seconds(
-                cost.flops, cost.bytes_read + cost.bytes_written, dtype)
+            step_seconds[s] = profile.node_seconds(
+                cost.flops, cost.bytes_read + cost.bytes_written, dtype,
+                transcendental=cost.transcendental, random=cost.random)
     return JointAnalysis(estimate, step_of, bw_start, saved, candidates, group_of, base,
                          aliases, step_seconds)
 
@@ -271,7 +272,8 @@ def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first
     if start >= end:
         return None
     seconds = max(0.0, copy - hidden_out) + max(0.0, copy - hidden_in)
-    return ActivationChoice("swap", (start, end), seconds)
+    return ActivationChoice("swap", (start, end), seconds, copy_seconds=copy,
+                            offload_step=last_fw + 1, use_step=first_bw, blocking=blocking)
 
 
 def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile, *,
@@ -294,7 +296,8 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
         activations.append(SavedActivation(name, size, tuple(choices)))
     return ActivationProblem(
         live_bytes=tuple(b for _, b in a.estimate.timeline), activations=tuple(activations),
-        budget_bytes=budget_bytes, labels=tuple(label for label, _ in a.estimate.timeline))
+        budget_bytes=budget_bytes, labels=tuple(label for label, _ in a.estimate.timeline),
+        step_seconds=tuple(a.step_seconds))
 
 
 def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwareProfile, *,

@@ -152,6 +152,10 @@ class SymbolicStep:
     basis: tuple[sympy.Expr, ...]
     symbol_objects: tuple[sympy.Symbol, ...] = ()
     origins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the profile's per-node overhead times the executed nodes, and per node the seconds
+    # of its special functions and random draws (HardwareProfile.node_seconds)
+    overhead_seconds: float = 0.0
+    special: np.ndarray | None = None   # nodes x basis
 
     def _basis_values(self, values: Mapping[str, Any]) -> np.ndarray:
         unknown = set(values) - set(self.symbols)
@@ -183,7 +187,10 @@ class SymbolicStep:
         basis = self._basis_values(values)
         compute = (self.flops @ basis) / self.flop_rates[:, None]
         memory = (self.bytes_moved @ basis) / self.bandwidth
-        return np.maximum(compute, memory).sum(axis=0)
+        slowest = np.maximum(compute, memory)
+        if self.special is not None:
+            slowest = np.maximum(slowest, self.special @ basis)
+        return self.overhead_seconds + slowest.sum(axis=0)
 
     def live_expr(self, step: int) -> sympy.Expr:
         """The live bytes at one step as an expression."""
@@ -229,12 +236,16 @@ def symbolic_step(joint_gm: fx.GraphModule, num_fwd_outputs: int,
             row[j] = row.get(j, 0.0) + v
         rows.append(row)
 
-    flop_rows, byte_rows, rates = [], [], []
+    flop_rows, byte_rows, special_rows, rates, executed = [], [], [], [], 0
     for node in joint_gm.graph.nodes:
-        if node.op != "call_function" or is_view_op(node.target):
+        if node.op != "call_function" or not tensor_values(node):  # not SymInt arithmetic
+            continue
+        executed += 1
+        if is_view_op(node.target):
             continue
         flop_rows.append(basis.row(_flops(node)))
         byte_rows.append(basis.row(_bytes(node)))
+        special_rows.append(basis.row(_special(node, hardware)))
         outs = tensor_values(node)
         rates.append(hardware.flop_rate(outs[0].dtype if outs else torch.float32))
 
@@ -249,7 +260,9 @@ def symbolic_step(joint_gm: fx.GraphModule, num_fwd_outputs: int,
         bytes_moved=basis.matrix(byte_rows), flop_rates=np.asarray(rates, dtype=np.float64),
         bandwidth=hardware.memory_bandwidth,
         basis=tuple(sorted(basis.terms, key=basis.terms.get)), symbol_objects=tuple(used),
-        origins={str(s): tuple(origins[s]) for s in used})
+        origins={str(s): tuple(origins[s]) for s in used},
+        overhead_seconds=executed * hardware.node_overhead_seconds,
+        special=basis.matrix(special_rows))
     log.debug("symbolic step: %d steps, %d basis terms, symbols %s", len(labels),
               len(step.basis), dict(step.symbols))
     return step
@@ -293,6 +306,23 @@ def _flops(node: fx.Node) -> sympy.Expr:
         if inputs:
             return _numel(max(inputs, key=lambda t: math.prod(size_hint(s) for s in t.shape)))
     return sympy.Integer(0)
+
+
+def _special(node: fx.Node, hardware: HardwareProfile) -> sympy.Expr:
+    """Seconds of the node's special functions and random draws (``NodeCost``'s
+    ``transcendental`` and ``random``), scaled from the hinted counts by its largest
+    tensor's size."""
+    cost = node_cost(node)
+    seconds = ((cost.transcendental / hardware.transcendental_per_second
+                if hardware.transcendental_per_second else 0.0)
+               + (cost.random / hardware.random_per_second
+                  if hardware.random_per_second else 0.0))
+    values = [t for n in node.all_input_nodes for t in tensor_values(n)] + tensor_values(node)
+    if not seconds or not values:
+        return sympy.Integer(0)
+    largest = max(values, key=lambda t: math.prod(size_hint(s) for s in t.shape))
+    hinted = max(1, math.prod(size_hint(s) for s in largest.shape))
+    return sympy.Rational(seconds).limit_denominator(10**15) / hinted * _numel(largest)
 
 
 def _bytes(node: fx.Node) -> sympy.Expr:

@@ -35,6 +35,7 @@ import logging
 import torch.fx as fx
 
 from fxopt import _compat
+from fxopt.analysis import estimate_partitioned_memory
 from fxopt.config import MemoryBudget
 from fxopt.passes.base import PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import (
@@ -45,10 +46,11 @@ from fxopt.passes.swap_recompute.apply import (
 )
 from fxopt.passes.swap_recompute.inductor_budget import BudgetedMinCut
 from fxopt.planner import InfeasibleBudget, Plan, StepProblem, plan_step, profile_for
-from fxopt.planner.joint import step_problem
+from fxopt.planner.joint import JointAnalysis, group_chain, step_problem
 from fxopt.planner.plan import load_plans, plan_for_graph
 
-__all__ = ["swap_recompute", "InfeasibleBudget", "place_prefetches", "SWAP_OPS"]
+__all__ = ["swap_recompute", "InfeasibleBudget", "place_prefetches", "predict_plan_peak",
+           "SWAP_OPS"]
 
 log = logging.getLogger(__name__)
 
@@ -71,25 +73,56 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                      replay=saved_plan, strict=ctx.options.strict,
                      ledger=ledger)
     fraction = "fraction" in plan.extra
-    stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
-    if plan.actions:  # the plan in the report and the debug dump, loadable by `plan`
-        stats["plan"] = plan.to_dict()
     if fraction and partitions_by_min_cut(ctx) and saved_plan is None:
         # Inductor's budgeted min-cut decides at the partition, within this graph's share;
         # the graph changes there (modified: explain's "after" is the partitioned step's)
+        stats = _fraction_stats(plan)
+        if plan.actions:
+            stats["plan"] = plan.to_dict()
         stats["inductor"] = {"partition": "pending"}
         gm.meta[_compat.PARTITION_SEARCH] = BudgetedMinCut(
             plan.extra["fraction"], plan.budget_bytes, tuple(plan.extra["tagged"]),
             stats["inductor"], ledger)
         return PassResult(gm, True, stats)
+    if plan.actions:
+        predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"],
+                          ctx.options.codegen)
     if not plan.actions:
+        stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
         stats["fits"] = plan.feasible
         return PassResult(gm, False, stats)
     if fraction:
-        return PassResult(gm, _tag_chains(gm, plan, ctx) > 0, stats)
-    applied = apply_decision(gm, analysis, problem.activations, plan, ctx)
-    log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
-    return PassResult(gm, bool(applied), stats)
+        changed = _tag_chains(gm, plan, ctx) > 0
+    else:
+        applied = apply_decision(gm, analysis, problem.activations, plan, ctx)
+        log.info("fxopt: swap_recompute on %s: %s", ctx.graph_name, applied)
+        changed = bool(applied)
+    stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
+    stats["plan"] = plan.to_dict()  # in the report and the debug dump, loadable by `plan`
+    return PassResult(gm, changed, stats)
+
+
+def predict_plan_peak(plan: Plan, gm: fx.GraphModule, analysis: JointAnalysis,
+                      num_fwd_outputs: int, codegen: str) -> None:
+    """Set ``plan``'s predicted peak to the compiled step's simulation, the one explain
+    shows: a copy of the joint graph ``gm`` with the plan's recompute tags, partitioned as
+    the compiler will (:func:`~fxopt.analysis.estimate_partitioned_memory`). The solver's
+    timeline model's figure stays as ``model_peak_bytes``; a byte plan's ``feasible`` is
+    the simulated peak's. The pass and ``fxopt plan`` both call it, so a saved plan
+    predicts what compilation predicts. A swap's bytes leave the device when its copy is
+    done, which a simulation of the graphs cannot see: with swaps the timeline model's
+    figure stands."""
+    if "swap" in plan.actions.values():
+        return
+    tagged = plan.extra["tagged"] if "fraction" in plan.extra else [
+        n.name for name in plan.actions for n in group_chain(analysis, name)[0]]
+    simulated = estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,
+                                            recompute=tagged).peak_bytes
+    if "peak_bytes" in plan.predictions:
+        plan.predictions["model_peak_bytes"] = plan.predictions["peak_bytes"]
+    plan.predictions["peak_bytes"] = simulated
+    if "fraction" not in plan.extra and plan.budget_bytes is not None:
+        plan.feasible = simulated <= plan.budget_bytes
 
 
 def partitions_by_min_cut(ctx: PassContext) -> bool:

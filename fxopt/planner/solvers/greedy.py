@@ -43,6 +43,7 @@ from fxopt.planner.activations import (
     Decision,
     SavedActivation,
     evaluate,
+    improve_overlap,
 )
 
 __all__ = ["GREEDY_MODES", "solve_greedy"]
@@ -80,7 +81,7 @@ def solve_greedy(problem: ActivationProblem, *, start: Mapping[str, Action] | No
         for move in moves[:best_round]:
             state.apply(*move)
     state.undo_unneeded(budget)
-    return evaluate(problem, state.actions, "greedy", **details)
+    return improve_overlap(problem, evaluate(problem, state.actions, "greedy", **details))
 
 
 def _solve_delta(problem: ActivationProblem) -> Decision:

@@ -35,13 +35,20 @@ on large problems. Every answer's ``details`` say ``solver``, ``status``,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from fxopt.planner.activations import Action, ActivationProblem, Decision, evaluate
+from fxopt.planner.activations import (
+    Action,
+    ActivationProblem,
+    Decision,
+    evaluate,
+    improve_overlap,
+)
 from fxopt.planner.solvers.greedy import solve_greedy
 
 __all__ = ["lowest_peak", "lowest_peak_plan", "solve_activations"]
@@ -61,7 +68,7 @@ def solve_activations(problem: ActivationProblem, *, time_limit: float = DEFAULT
     if time_limit <= 0:
         raise ValueError(f"fxopt: time_limit must be positive, got {time_limit}")
     began = time.perf_counter()
-    decision = _solve(problem, time_limit, max_variables)
+    decision = improve_overlap(problem, _solve(problem, time_limit, max_variables))
     decision.details["planning_seconds"] = time.perf_counter() - began
     log.info("activation plan: %s (%s), peak %d of budget %d, +%.3g s, planned in %.3f s",
              decision.solver, decision.details.get("status"), decision.peak_bytes,
@@ -159,7 +166,7 @@ def _greedy(problem: ActivationProblem, size: int, status: str,
 
 
 def _with_budget(problem: ActivationProblem, budget: int) -> ActivationProblem:
-    return ActivationProblem(problem.live_bytes, problem.activations, budget, problem.labels)
+    return dataclasses.replace(problem, budget_bytes=budget)
 
 
 @dataclass
