@@ -1,0 +1,153 @@
+"""The joint search: tempo sites, the activation plan and the optimizer split under one budget.
+
+The activation MILP (:func:`fxopt.planner.plan_step`) decides keep, recompute or swap per
+saved tensor. Two more knobs change what it should do, and are chosen here by an outer
+search around it (Mist's co-optimization, as a documented outer loop, since folding them
+into the MILP would multiply its size):
+
+- **tempo sites** (:func:`choose_tempo`): each candidate is one set of tempo site kinds
+  (``gelu``, ``layer_norm``/``rms_norm``, ``attention``) rewritten, with the plan
+  ``plan_step`` makes for that variant's graph under the same budget. The winner is the
+  variant whose plan meets the budget with the least predicted step time (keep-all time
+  plus the plan's added seconds). Times within :data:`TEMPO_TIE` of the best count as a
+  tie, and a tie goes to fewer tempo kinds (tempo rebuilds gradients from outputs, a
+  numerics change taken only when it pays). When no variant meets the budget, the one
+  closest to it wins (least saved bytes or peak), then fewer kinds.
+- **optimizer subgroups** (:func:`fxopt.optim.joint.choose_with_optimizer`, in the optimizer
+  package, which the planner must not import): under a byte budget with an
+  offloaded optimizer, the device-resident optimizer state and the step's predicted peak
+  share the budget. For every non-dominated placement of the subgroups
+  (:func:`fxopt.optim.model.offload_frontier`: resident state vs optimizer seconds), the
+  activation plan is solved under what that placement leaves; the joint plan is the one
+  with the least predicted step + optimizer time. The separately chosen pair (activations
+  planned under the whole budget, then the fastest placement in what is left) is always a
+  candidate too, so the joint choice is never predicted slower.
+
+Cost: one ``plan_step`` per candidate; the tempo search has ``2**k`` variants for the
+``k`` kinds present (at most 8 in a transformer: GELU, norm, attention), each also needing
+the variant's joint graph (its caller's trace); the optimizer search solves one MILP per
+frontier placement (at most ``subgroups + 1`` points in practice).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fxopt.planner.hardware import HardwareProfile
+from fxopt.planner.plan import Plan
+from fxopt.planner.step import StepProblem, plan_step
+
+__all__ = ["TEMPO_TIE", "Candidate", "JointChoice", "choose_tempo", "predicted_seconds",
+           "quiet_plan", "best_candidate"]
+
+TEMPO_TIE = 0.01  # a relative predicted-time difference below this is a tie
+
+
+def predicted_seconds(problem: StepProblem, plan: Plan) -> float:
+    """The step's predicted time under ``plan``: everything kept, plus what the plan adds."""
+    return problem.step_seconds + float(plan.predictions.get("added_seconds", 0.0))
+
+
+def _reached(plan: Plan) -> float:
+    """What a plan reaches against its budget: saved bytes (fraction) or peak (bytes)."""
+    p = plan.predictions
+    return float(p["saved_bytes"] if "saved_bytes" in p else p["peak_bytes"])
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of an outer search: the tempo kinds rewritten, the optimizer placement
+    (None: no offloaded optimizer), the activation plan, and its predictions."""
+
+    tempo: tuple[str, ...]
+    plan: Plan
+    step_seconds: float                 # activations' step: keep-all + the plan's added
+    offload: Any = None  # fxopt.optim.model.OffloadPlan
+
+    @property
+    def feasible(self) -> bool:
+        return self.plan.feasible
+
+    @property
+    def optimizer_seconds(self) -> float:
+        return self.offload.predicted_seconds if self.offload is not None else 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.step_seconds + self.optimizer_seconds
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """Predicted peak of the step with the optimizer's resident state (byte plans)."""
+        peak = self.plan.predictions.get("peak_bytes")
+        if peak is None:
+            return None
+        return int(peak) + (self.offload.gpu_state_bytes if self.offload is not None else 0)
+
+    def row(self) -> dict[str, Any]:
+        out = {"tempo": list(self.tempo), "feasible": self.feasible,
+               "seconds": self.seconds, "step_seconds": self.step_seconds,
+               "optimizer_seconds": self.optimizer_seconds, "reached": _reached(self.plan),
+               "recompute": sum(1 for a in self.plan.actions.values() if a == "recompute"),
+               "swap": sum(1 for a in self.plan.actions.values() if a == "swap")}
+        if self.offload is not None:
+            out["optimizer_on_host"] = sum(1 for s in self.offload.subgroups
+                                           if s.placement == "cpu")
+            out["optimizer_state_bytes"] = self.offload.gpu_state_bytes
+        return out
+
+
+@dataclass(frozen=True)
+class JointChoice:
+    """The chosen candidate, every candidate evaluated (the search's table) and why."""
+
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"taken": list(self.chosen.tempo), "reason": self.reason,
+                "candidates": [c.row() for c in self.candidates]}
+
+
+def best_candidate(candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
+    """The rule of the module doc: feasible and fastest (ties: fewer tempo kinds), or the
+    closest to the budget when none is feasible."""
+    feasible = [c for c in candidates if c.feasible]
+    if not feasible:
+        best = min(candidates, key=lambda c: (_reached(c.plan), len(c.tempo), c.seconds))
+        return best, "no candidate meets the budget: the one closest to it"
+    fastest = min(c.seconds for c in feasible)
+    tied = [c for c in feasible if c.seconds <= fastest * (1 + TEMPO_TIE)]
+    best = min(tied, key=lambda c: (len(c.tempo), c.seconds))
+    return best, (f"meets the budget with the least predicted time ({1e3 * best.seconds:.3f} "
+                  f"ms; {len(feasible)} of {len(candidates)} candidates meet it)")
+
+
+def quiet_plan(problem: StepProblem, budget: Any, hardware: HardwareProfile,
+                **kwargs: Any) -> Plan:
+    """``plan_step``'s plan for a candidate; a candidate that misses the budget is a row
+    of the search, not a warning (the plan compilation applies warns for itself)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return plan_step(problem, budget, hardware, strict=False, **kwargs)
+
+
+def choose_tempo(variants: dict[tuple[str, ...], StepProblem], budget: Any,
+                 hardware: HardwareProfile, *,
+                 plan: Callable[[StepProblem], Plan] | None = None) -> JointChoice:
+    """The tempo kinds to rewrite: ``variants`` maps each set of kinds (sorted tuple; ``()``
+    is no tempo, which must be there) to its graph's problem; ``plan`` makes a variant's
+    plan (default: ``plan_step`` under ``budget``, warnings kept out of the search)."""
+    if () not in variants:
+        raise ValueError("fxopt: the tempo search needs the variant without tempo")
+    make = plan or (lambda problem: quiet_plan(problem, budget, hardware))
+    candidates = []
+    for kinds, problem in variants.items():
+        chosen = make(problem)
+        candidates.append(Candidate(tuple(kinds), chosen, predicted_seconds(problem, chosen)))
+    best, reason = best_candidate(candidates)
+    return JointChoice(best, tuple(candidates), reason)
