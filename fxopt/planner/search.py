@@ -66,6 +66,7 @@ class Candidate:
     plan: Plan
     step_seconds: float                 # activations' step: keep-all + the plan's added
     offload: Any = None  # fxopt.optim.model.OffloadPlan
+    resident_bytes: int = 0  # the optimizer's bytes in the budget (its device state)
 
     @property
     def feasible(self) -> bool:
@@ -85,7 +86,7 @@ class Candidate:
         peak = self.plan.predictions.get("peak_bytes")
         if peak is None:
             return None
-        return int(peak) + (self.offload.gpu_state_bytes if self.offload is not None else 0)
+        return int(peak) + self.resident_bytes
 
     def row(self) -> dict[str, Any]:
         out = {"tempo": list(self.tempo), "feasible": self.feasible,
@@ -96,7 +97,7 @@ class Candidate:
         if self.offload is not None:
             out["optimizer_on_host"] = sum(1 for s in self.offload.subgroups
                                            if s.placement == "cpu")
-            out["optimizer_state_bytes"] = self.offload.gpu_state_bytes
+            out["optimizer_state_bytes"] = self.resident_bytes
         return out
 
 
@@ -110,6 +111,7 @@ class JointChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"taken": list(self.chosen.tempo), "reason": self.reason,
+                "chosen": self.chosen.row(),
                 "candidates": [c.row() for c in self.candidates]}
 
 
