@@ -44,6 +44,12 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--joint", action="store_true", help="with a fraction --budget and "
                       "graph breaks: split it by the graphs' frontiers, all graphs known at "
                       "once (compilation, one graph at a time, replays it with plan=)")
+    plan.add_argument("--tempo", choices=("off", "auto"), default="off",
+                      help="with --budget: 'auto' plans tempo's site kinds jointly with the "
+                      "activations (as compilation with tempo='auto' does)")
+    plan.add_argument("--optimizer-subgroups", type=int, metavar="N",
+                      help="with a byte --budget: plan an offloaded optimizer's N subgroups "
+                      "(host or device) jointly with the activations, in one budget")
     plan.add_argument("--points", type=int, default=12, help="budgets on the frontier")
     plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib; "
                       "with --save, drawn next to the plan by default)")
@@ -105,6 +111,13 @@ def _plan(args: argparse.Namespace) -> int:
             raise ValueError("--save needs --budget")
         if args.joint and (budget is None or budget.fraction is None):
             raise ValueError("--joint splits a fraction: give --budget as one (e.g. 0.5)")
+        if (args.tempo == "auto" or args.optimizer_subgroups) and budget is None:
+            raise ValueError("--tempo auto and --optimizer-subgroups plan under a budget: "
+                             "give --budget")
+        if args.optimizer_subgroups is not None and (budget.bytes is None
+                                                     or args.optimizer_subgroups < 1):
+            raise ValueError("--optimizer-subgroups takes a count >= 1 and a byte --budget "
+                             "(e.g. 6GiB): a fraction bounds saved bytes only")
     except (ValueError, TypeError, ImportError) as error:
         print(f"fxopt plan: {str(error).removeprefix('fxopt: ')}", file=sys.stderr)
         return 2
@@ -157,10 +170,31 @@ def _plan(args: argparse.Namespace) -> int:
         if args.dynamic:
             _print_symbolic(symbolic_step(joint.gm, joint.num_fwd_outputs, hardware), fit,
                             args.symbol)
+    if budget is not None and (args.tempo == "auto" or args.optimizer_subgroups):
+        _print_joint(model, inputs, budget, hardware, codegen, args, problems)
     if args.save:
         print(f"plan saved: {save_plans(plans, args.save)}"
               f"{f' ({len(plans)} graphs)' if len(plans) > 1 else ''}")
     return 0
+
+
+def _print_joint(model: Any, inputs: Any, budget: Any, hardware: Any, codegen: str,
+                 args: argparse.Namespace, problems: list[Any]) -> None:
+    """The joint plan of every graph (tempo sites x activations x optimizer subgroups)."""
+    from fxopt.cli.capture import capture_dynamo
+    from fxopt.optim.joint import plan_model, subgroups_of
+    from fxopt.passes.tempo.auto import tempo_variants
+
+    if args.tempo == "auto":
+        graphs = [tempo_variants(gm, example, hardware, codegen=codegen, name=f"g{index}")
+                  for index, (gm, example) in enumerate(capture_dynamo(model, inputs))]
+    else:
+        graphs = [{(): problem} for problem in problems]
+    subgroups = (subgroups_of(model.parameters(), args.optimizer_subgroups)
+                 if args.optimizer_subgroups else None)
+    for index, choice in enumerate(plan_model(graphs, budget, hardware, subgroups=subgroups,
+                                              time_limit=args.time_limit)):
+        print(f"\ng{index} {choice.table()}")
 
 
 def _per_graph(path: str | Path, index: int, graphs: int) -> Path:

@@ -23,23 +23,27 @@ pair; the frontier has at most a few points per subgroup.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from fxopt.config import MemoryBudget
-from fxopt.optim.model import OffloadPlan, Subgroup, offload_frontier
+from fxopt.optim.model import OffloadPlan, ParamInfo, Subgroup, offload_frontier, split_subgroups
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.plan import Plan
+from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.search import (
     Candidate,
     JointChoice,
     best_candidate,
+    choose_tempo,
     predicted_seconds,
     quiet_plan,
 )
 from fxopt.planner.step import StepProblem
 
-__all__ = ["choose_with_optimizer", "resident_bytes"]
+__all__ = ["choose_with_optimizer", "plan_model", "resident_bytes", "subgroups_of"]
 
 
 def resident_bytes(plan: OffloadPlan, hardware: HardwareProfile) -> int:
@@ -89,3 +93,48 @@ def choose_with_optimizer(variants: dict[tuple[str, ...], StepProblem], budget_b
             candidates.append(candidate(kinds, problem, plan, offload))
     best, reason = best_candidate(candidates)
     return JointChoice(best, tuple(candidates), reason), separate
+
+
+def subgroups_of(parameters: Iterable[Any], count: int) -> list[Subgroup]:
+    """``count`` subgroups of a model's trainable parameters in reverse order (the order
+    their gradients become ready, as DDP assumes), as :func:`fxopt.optim.offload` splits
+    them without a compiled backend to read the order from."""
+    params = [p for p in parameters if p.requires_grad]
+    infos = [ParamInfo(key=i, numel=p.numel(), itemsize=p.element_size())
+             for i, p in reversed(list(enumerate(params)))]
+    return split_subgroups(infos, max(1, min(count, len(infos))))
+
+
+def plan_model(graphs: Sequence[dict[tuple[str, ...], StepProblem]], budget: Any,
+               hardware: HardwareProfile, *, subgroups: Sequence[Subgroup] | None = None,
+               time_limit: float = 10.0) -> list[JointChoice]:
+    """The joint choice for each graph of a model (``graphs``: each one's tempo variants,
+    in compilation order). A fraction is the model's, shared through a
+    :class:`~fxopt.planner.ledger.BudgetLedger` as compilation shares it. With
+    ``subgroups`` (a byte budget), the optimizer is planned jointly with the graph holding
+    the most parameters and inputs, and the other graphs are planned in what its
+    resident state leaves."""
+    fraction = getattr(budget, "fraction", None)
+    if subgroups is not None and fraction is not None:
+        raise ValueError("fxopt: planning the optimizer state with the activations needs a "
+                         "byte budget (e.g. 6GiB): a fraction bounds saved bytes only")
+    ledger = BudgetLedger() if fraction is not None else None
+    choices: list[JointChoice | None] = [None] * len(graphs)
+    left = budget
+    if subgroups is not None:
+        main = max(range(len(graphs)), key=lambda i: graphs[i][()].baseline_bytes)
+        choices[main], _ = choose_with_optimizer(graphs[main], budget.bytes, subgroups,
+                                                 hardware, time_limit=time_limit)
+        left = MemoryBudget(bytes=max(1, budget.bytes - choices[main].chosen.resident_bytes))
+    for index, variants in enumerate(graphs):
+        if choices[index] is not None:
+            continue
+
+        def plan(problem: StepProblem) -> Plan:
+            return quiet_plan(problem, left, hardware, time_limit=time_limit,
+                              ledger=copy.deepcopy(ledger))
+
+        choices[index] = choose_tempo(variants, left, hardware, plan=plan)
+        if ledger is not None:  # the chosen variant's share, recorded as compilation will
+            quiet_plan(variants[choices[index].chosen.tempo], left, hardware, ledger=ledger)
+    return [c for c in choices if c is not None]

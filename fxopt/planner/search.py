@@ -39,6 +39,7 @@ from typing import Any
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.plan import Plan
 from fxopt.planner.step import StepProblem, plan_step
+from fxopt.units import format_bytes
 
 __all__ = ["TEMPO_TIE", "Candidate", "JointChoice", "choose_tempo", "predicted_seconds",
            "quiet_plan", "best_candidate"]
@@ -88,10 +89,17 @@ class Candidate:
             return None
         return int(peak) + self.resident_bytes
 
+    @property
+    def reached(self) -> float:
+        """What the candidate reaches against the budget: its peak with the resident
+        optimizer bytes (byte budgets), or its saved bytes (fractions)."""
+        peak = self.peak_bytes
+        return float(peak) if peak is not None else _reached(self.plan)
+
     def row(self) -> dict[str, Any]:
         out = {"tempo": list(self.tempo), "feasible": self.feasible,
                "seconds": self.seconds, "step_seconds": self.step_seconds,
-               "optimizer_seconds": self.optimizer_seconds, "reached": _reached(self.plan),
+               "optimizer_seconds": self.optimizer_seconds, "reached": self.reached,
                "recompute": sum(1 for a in self.plan.actions.values() if a == "recompute"),
                "swap": sum(1 for a in self.plan.actions.values() if a == "swap")}
         if self.offload is not None:
@@ -109,6 +117,36 @@ class JointChoice:
     candidates: tuple[Candidate, ...]
     reason: str
 
+    def table(self) -> str:
+        """The joint plan as text: tempo sites taken and why, tensors recomputed, swapped
+        and kept, optimizer subgroups on the host and the device, predicted peak and time;
+        then one row per candidate evaluated."""
+        c, p = self.chosen, self.chosen.plan
+        counts = {a: sum(1 for v in p.actions.values() if v == a) for a in ("recompute", "swap")}
+        saved = len(p.extra.get("tensors", []))
+        lines = [f"joint plan{'' if c.feasible else ' (OVER BUDGET)'}: {self.reason}",
+                 f"  tempo sites taken: {', '.join(c.tempo) or 'none'}",
+                 f"  tensors: recompute {counts['recompute']}, swap {counts['swap']}, keep "
+                 f"{max(saved - counts['recompute'] - counts['swap'], 0)}"]
+        if c.offload is not None:
+            host = sum(1 for s in c.offload.subgroups if s.placement == "cpu")
+            lines.append(f"  optimizer subgroups: {host} on host, "
+                         f"{len(c.offload.subgroups) - host} on device "
+                         f"({format_bytes(c.resident_bytes)} resident)")
+        reached = (f"peak {format_bytes(c.peak_bytes)}" if c.peak_bytes is not None else
+                   f"saved bytes {format_bytes(int(c.reached))}")
+        lines.append(f"  predicted {reached}, time {1e3 * c.seconds:.3f} ms (step "
+                     f"{1e3 * c.step_seconds:.3f} + optimizer {1e3 * c.optimizer_seconds:.3f})")
+        lines.append(f"  {'tempo':<28} {'fits':>4} {'ms':>9} {'reached':>11} {'recomp':>6} "
+                     f"{'swap':>4} {'host':>4}")
+        for row in (x.row() for x in self.candidates):
+            lines.append(f"  {','.join(row['tempo']) or '-':<28} "
+                         f"{'yes' if row['feasible'] else 'no':>4} "
+                         f"{1e3 * row['seconds']:>9.3f} "
+                         f"{format_bytes(int(row['reached'])):>11} {row['recompute']:>6} "
+                         f"{row['swap']:>4} {row.get('optimizer_on_host', '-'):>4}")
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         return {"taken": list(self.chosen.tempo), "reason": self.reason,
                 "chosen": self.chosen.row(),
@@ -120,7 +158,7 @@ def best_candidate(candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
     closest to the budget when none is feasible."""
     feasible = [c for c in candidates if c.feasible]
     if not feasible:
-        best = min(candidates, key=lambda c: (_reached(c.plan), len(c.tempo), c.seconds))
+        best = min(candidates, key=lambda c: (c.reached, len(c.tempo), c.seconds))
         return best, "no candidate meets the budget: the one closest to it"
     fastest = min(c.seconds for c in feasible)
     tied = [c for c in feasible if c.seconds <= fastest * (1 + TEMPO_TIE)]
