@@ -31,8 +31,8 @@ from typing import Any
 from fxopt.config import MemoryBudget
 from fxopt.optim.model import OffloadPlan, ParamInfo, Subgroup, offload_frontier, split_subgroups
 from fxopt.planner.hardware import HardwareProfile
-from fxopt.planner.plan import Plan
 from fxopt.planner.ledger import BudgetLedger
+from fxopt.planner.plan import Plan
 from fxopt.planner.search import (
     Candidate,
     JointChoice,
