@@ -59,6 +59,9 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
                       help="capture with symbolic sizes (batch, sequence length)")
     plan.add_argument("--fit", metavar="BYTES",
                       help="with --dynamic: the largest batch whose peak fits in BYTES")
+    plan.add_argument("--max-batch", action="store_true", help="with a byte --budget: the "
+                      "largest batch that fits with the plan's own savings (captures with "
+                      "symbolic sizes, as --dynamic)")
     plan.add_argument("--symbol", help="with --fit: the size symbol to grow (default: the "
                       "first one that is dim 0 of an input)")
     plan.set_defaults(run=_plan)
@@ -107,6 +110,9 @@ def _plan(args: argparse.Namespace) -> int:
         fit = parse_memory_budget(args.fit, "--fit") if args.fit else None
         if fit is not None and (fit.bytes is None or not args.dynamic):
             raise ValueError("--fit takes bytes (e.g. 6GiB) and needs --dynamic")
+        if args.max_batch and (budget is None or budget.bytes is None):
+            raise ValueError("--max-batch takes a byte --budget (e.g. 6GiB)")
+        args.dynamic = args.dynamic or args.max_batch
         if args.save and budget is None:
             raise ValueError("--save needs --budget")
         if args.joint and (budget is None or budget.fraction is None):
@@ -168,8 +174,10 @@ def _plan(args: argparse.Namespace) -> int:
             _draw(frontier, _per_graph(png, index, len(joints)), f"{args.target} g{index}",
                   plan)
         if args.dynamic:
-            _print_symbolic(symbolic_step(joint.gm, joint.num_fwd_outputs, hardware), fit,
-                            args.symbol)
+            symbolic = symbolic_step(joint.gm, joint.num_fwd_outputs, hardware)
+            _print_symbolic(symbolic, fit, args.symbol)
+            if args.max_batch:
+                _print_max_batch(symbolic, joint.gm, problem, budget.bytes, args.symbol)
     if budget is not None and (args.tempo == "auto" or args.optimizer_subgroups):
         _print_joint(model, inputs, budget, hardware, codegen, args, problems)
     if args.save:
@@ -223,8 +231,7 @@ def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
         print(f"size {name} = {hint} at capture, found at {', '.join(step.origins[name])}")
     if fit is None:
         return
-    symbol = symbol or next((n for n, where in step.origins.items()
-                             if any(w.endswith("[0]") for w in where)), None)
+    symbol = symbol or _batch_symbol(step)
     if symbol is None:
         print("--fit: no size symbol is dim 0 of an input; pass --symbol")
         return
@@ -235,6 +242,37 @@ def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
     best, peak, throughput = answer
     print(f"largest {symbol} that fits in {format_bytes(fit.bytes)}: {best} (predicted peak "
           f"{format_bytes(int(peak))}, {throughput:.1f} {symbol}/s predicted)")
+
+
+def _batch_symbol(step: Any) -> str | None:
+    """The first size symbol that is dim 0 of an input (the batch, usually)."""
+    return next((n for n, where in step.origins.items()
+                 if any(w.endswith("[0]") for w in where)), None)
+
+
+def _print_max_batch(step: Any, joint_gm: Any, problem: Any, budget: int,
+                     symbol: str | None) -> None:
+    from fxopt.planner.batch import largest_batch
+    from fxopt.planner.solvers.milp import lowest_peak_plan
+    from fxopt.units import format_bytes
+
+    symbol = symbol or _batch_symbol(step)
+    if symbol is None:
+        print("--max-batch: no size symbol is dim 0 of an input; pass --symbol")
+        return
+    floor = lowest_peak_plan(problem.activations)
+    counts = {a: sum(1 for v in floor.actions.values() if v == a) for a in ("recompute", "swap")}
+    kept = step.largest_fitting(symbol, budget)
+    answer = largest_batch(step, joint_gm, problem.activations, floor.actions,
+                           floor.added_seconds, symbol, budget)
+    if answer is None:
+        print(f"--max-batch: even {symbol} = 1 does not fit in {format_bytes(budget)}")
+        return
+    best, peak, throughput = answer
+    print(f"largest {symbol} that fits in {format_bytes(budget)} with the plan's savings "
+          f"(lowest-peak plan: {counts['recompute']} recomputed, {counts['swap']} swapped): "
+          f"{best} (predicted peak {format_bytes(int(peak))}, {throughput:.1f} {symbol}/s "
+          f"predicted); with everything kept: {kept[0] if kept else 'none'}")
 
 
 def _calibrate(args: argparse.Namespace) -> int:

@@ -207,3 +207,12 @@ def test_plan_prints_the_joint_plan_of_tempo_activations_and_optimizer(capsys):
 def test_plan_refuses_joint_options_without_their_budget(argv, message, capsys):
     assert main(["plan", TARGET, "--points", "2", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_plan_max_batch_counts_the_plans_savings(capsys):
+    assert main(["plan", TARGET, "--budget", "6MiB", "--points", "2", "--max-batch"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("largest ") and "savings" in x)
+    fits = line.split("swapped): ")[1].split(" (")[0]
+    kept = line.rsplit(": ", 1)[1]
+    assert int(fits) > int(kept) > 0
