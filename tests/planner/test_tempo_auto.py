@@ -117,3 +117,13 @@ def test_auto_leaves_tempo_off_where_it_does_not_pay_and_grads_equal_eager():
     (record,) = [r for r in comparison.passes if r.name == "tempo"]
     assert record.stats["auto"]["taken"] == [] and not record.fired
     assert record.stats["skipped"] == {"gelu: not taken (tempo='auto')": 1}
+
+
+def test_explain_shows_the_kinds_taken_and_every_candidate():
+    torch.manual_seed(0)
+    report = str(fxopt.explain(MLP(32, 128, 32), torch.randn(64, 32),
+                               options={"tempo": "auto", "memory_budget": 0.9}))
+    assert "tempo='auto' took no site kind: meets the budget" in report
+    rows = report[report.index("site kinds"):].splitlines()[1:3]
+    assert [r.split()[0] for r in rows] == ["(none)", "gelu"]
+    assert all(r.split()[1] == "yes" for r in rows)
