@@ -1,5 +1,5 @@
 """The largest batch that fits with a plan's own savings (fxopt.planner.batch), against
-static captures at each batch (brute force: the planner's own evaluation of the same
+static captures at batch 3, 5, 6 (brute force: the planner's own evaluation of the same
 actions on each batch's graph)."""
 
 import pytest
@@ -43,7 +43,7 @@ def _static_peak(batch, dynamic_problem, actions):
 def test_plan_peaks_equal_the_static_graphs_and_the_largest_batch_is_brute_forces(dynamic):
     joint, problem, step, batch, floor = dynamic
     assert floor.actions  # the plan saves something
-    static = {b: _static_peak(b, problem, floor.actions) for b in range(2, 8)}
+    static = {b: _static_peak(b, problem, floor.actions) for b in (3, 5, 6)}
     for b, peak in static.items():
         assert plan_peaks(step, joint.gm, problem.activations, floor.actions,
                           **{batch: b})[0] == pytest.approx(peak, rel=1e-9)
