@@ -9,10 +9,13 @@ into the MILP would multiply its size):
   (``gelu``, ``layer_norm``/``rms_norm``, ``attention``) rewritten, with the plan
   ``plan_step`` makes for that variant's graph under the same budget. The winner is the
   variant whose plan meets the budget with the least predicted step time (keep-all time
-  plus the plan's added seconds). Times within :data:`TEMPO_TIE` of the best count as a
-  tie, and a tie goes to fewer tempo kinds (tempo rebuilds gradients from outputs, a
-  numerics change taken only when it pays). When no variant meets the budget, the one
-  closest to it wins (least saved bytes or peak), then fewer kinds.
+  plus the plan's added seconds). Times equal up to rounding (:data:`TEMPO_TIE`, relative)
+  are a tie, and a tie goes to fewer tempo kinds (tempo rebuilds gradients from outputs, a
+  numerics change taken only when it pays). The margin is only rounding's: a wider one
+  would let a tempo-free plan win while a predicted-faster one meets the budget, and the
+  joint plan must never be predicted slower than the best separately chosen one. When no
+  variant meets the budget, the one closest to it wins (least saved bytes or peak), then
+  fewer kinds.
 - **optimizer subgroups** (:func:`fxopt.optim.joint.choose_with_optimizer`, in the optimizer
   package, which the planner must not import): under a byte budget with an
   offloaded optimizer, the device-resident optimizer state and the step's predicted peak
@@ -44,7 +47,7 @@ from fxopt.units import format_bytes
 __all__ = ["TEMPO_TIE", "Candidate", "JointChoice", "choose_tempo", "predicted_seconds",
            "quiet_plan", "best_candidate"]
 
-TEMPO_TIE = 0.01  # a relative predicted-time difference below this is a tie
+TEMPO_TIE = 1e-9  # a relative predicted-time difference below this is a tie (rounding)
 
 
 def predicted_seconds(problem: StepProblem, plan: Plan) -> float:

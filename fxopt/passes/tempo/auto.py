@@ -10,7 +10,7 @@ attention softmax-dropout) instead of the user. :func:`choose_sites`:
    code generated) and builds its problem (:func:`fxopt.planner.joint.step_problem`);
 3. lets :func:`fxopt.planner.search.choose_tempo` plan each variant exactly as the
    ``swap_recompute`` pass will (same budget, same solver, a copy of the model's budget
-   ledger) and take the fastest variant that meets the budget, ties to fewer kinds.
+   ledger) and take the fastest variant that meets the budget, exact ties to fewer kinds.
 
 A fraction holds each variant to ``f`` of its own graph's plain saved bytes (what the pass
 then does), which for a tempo variant are below plain autograd's: the budget holds as
