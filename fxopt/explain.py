@@ -204,8 +204,9 @@ def _tempo_auto_rows(auto: dict[str, Any]) -> list[str]:
     """tempo='auto': the site kinds taken and why, and per candidate (a set of kinds) whether
     its plan meets the budget, its predicted step time and what it reaches."""
     lines = [f"      tempo='auto' took {', '.join(auto['taken']) or 'no site kind'}: "
-             f"{auto['reason']} (search {auto['seconds']:.2f} s)",
-             f"      {'site kinds':<28}{'fits':<6}{'pred. ms':>10}{'reaches KiB':>13}"]
+             f"{auto['reason']} (search {auto['seconds']:.2f} s)"]
+    if auto["candidates"]:
+        lines.append(f"      {'site kinds':<28}{'fits':<6}{'pred. ms':>10}{'reaches KiB':>13}")
     lines += [f"      {','.join(c['tempo']) or '(none)':<28}"
               f"{'yes' if c['feasible'] else 'no':<6}{1e3 * c['seconds']:>10.3f}"
               f"{c['reached'] / 1024:>13.1f}" for c in auto["candidates"]]

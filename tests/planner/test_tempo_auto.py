@@ -127,3 +127,13 @@ def test_explain_shows_the_kinds_taken_and_every_candidate():
     rows = report[report.index("site kinds"):].splitlines()[1:3]
     assert [r.split()[0] for r in rows] == ["(none)", "gelu"]
     assert all(r.split()[1] == "yes" for r in rows)
+
+
+def test_a_graph_without_tempo_sites_is_not_searched():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    comparison = assert_same_as_eager(model, (torch.randn(4, 8),),
+                                      {"tempo": "auto", "memory_budget": 0.5},
+                                      tolerances={torch.float32: (0.0, 0.0)})
+    (record,) = [r for r in comparison.passes if r.name == "tempo"]
+    assert record.stats["auto"]["reason"] == "no tempo site in this graph"
+    assert record.stats["auto"]["candidates"] == [] and not record.fired

@@ -104,9 +104,15 @@ def choose_sites(gm: fx.GraphModule, ctx: PassContext) -> dict[str, Any]:
     if options.memory_budget is None:  # Options refuses it; a direct caller may not
         raise ValueError("fxopt: tempo='auto' decides under a memory budget; set "
                          "memory_budget too (e.g. 0.5 or '6GiB')")
+    from fxopt.passes.tempo import rewrite_sites
+
+    kinds = sorted(rewrite_sites(_copy(gm), RewriteCounter())["rewritten"])
+    if not kinds:  # nothing to decide: no trace, no plan
+        return {"taken": [], "reason": "no tempo site in this graph", "candidates": [],
+                "seconds": time.perf_counter() - began}
     hardware = profile_for(ctx.device)
     variants = tempo_variants(gm, ctx.example_inputs, hardware, codegen=options.codegen,
-                              name=ctx.graph_name.rsplit("/", 1)[0] + "/joint")
+                              name=ctx.graph_name.rsplit("/", 1)[0] + "/joint", kinds=kinds)
     solver = "milp" if options.planner_enabled else "delta"
 
     def plan(problem: StepProblem) -> Any:
