@@ -82,8 +82,9 @@ class MemoryBudget:
 class Options:
     """Resolved fxopt options (immutable). Build one with :func:`resolve`."""
 
-    tempo: bool | None = field(default=None, metadata={
-        "doc": "Tempo's memory-lean GELU, LayerNorm/RMSNorm and attention softmax-dropout"})
+    tempo: bool | str | None = field(default=None, metadata={
+        "doc": "Tempo's memory-lean GELU, LayerNorm/RMSNorm and attention softmax-dropout; "
+               "'auto' (with memory_budget): only the site kinds that pay under the budget"})
     fuse_elementwise: bool | None = field(default=None, metadata={
         "doc": "fuse chains of pointwise ops into generated Triton kernels"})
     fuse_rnn: bool | None = field(default=None, metadata={
@@ -129,6 +130,10 @@ class Options:
                         f"fxopt: option {name!r} is carried out by the swap_recompute pass, "
                         "which swap_recompute=False turns off; drop one of the two")
         if self.memory_budget is None:
+            if self.tempo == "auto":
+                raise ValueError("fxopt: tempo='auto' lets the planner take tempo's rewrites "
+                                 "where they pay under a memory budget; set memory_budget "
+                                 "too (e.g. 0.5 or '6GiB'), or tempo=True")
             if self.planner is True:
                 raise ValueError("fxopt: option 'planner' decides under a memory budget; "
                                  "set memory_budget too (e.g. 0.5 or '6GiB')")
@@ -256,7 +261,20 @@ def _parse_rewrite_limit(value: Any) -> Mapping[str, int] | None:
     return dict(value)
 
 
+def _parse_tempo(value: Any) -> bool | str | None:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _parse_flag("tempo", value, optional=True)
+    except TypeError:
+        raise TypeError(f"fxopt: option 'tempo' must be True, False, None or 'auto' (the "
+                        f"planner takes the sites that pay under memory_budget), got "
+                        f"{value!r}") from None
+
+
 def _parse(name: str, value: Any) -> Any:
+    if name == "tempo":
+        return _parse_tempo(value)
     if name in PASS_FLAGS or name == "planner":
         return _parse_flag(name, value, optional=True)
     if name in ("strict", "inductor_max_autotune", "force_swap"):

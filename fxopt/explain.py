@@ -200,9 +200,24 @@ def _stats_text(stats: dict[str, Any]) -> str:
     return ", ".join(f"{k}={short(v)}" for k, v in stats.items())
 
 
+def _tempo_auto_rows(auto: dict[str, Any]) -> list[str]:
+    """tempo='auto': the site kinds taken and why, and per candidate (a set of kinds) whether
+    its plan meets the budget, its predicted step time and what it reaches."""
+    lines = [f"      tempo='auto' took {', '.join(auto['taken']) or 'no site kind'}: "
+             f"{auto['reason']} (search {auto['seconds']:.2f} s)"]
+    if auto["candidates"]:
+        lines.append(f"      {'site kinds':<28}{'fits':<6}{'pred. ms':>10}{'reaches KiB':>13}")
+    lines += [f"      {','.join(c['tempo']) or '(none)':<28}"
+              f"{'yes' if c['feasible'] else 'no':<6}{1e3 * c['seconds']:>10.3f}"
+              f"{c['reached'] / 1024:>13.1f}" for c in auto["candidates"]]
+    return lines
+
+
 def _plan_rows(stats: dict[str, Any]) -> list[str]:
     """swap_recompute's plan: predicted peak before/after, and per saved tensor the action,
-    its bytes and the step time it is predicted to add."""
+    its bytes and the step time it is predicted to add; tempo='auto''s choice."""
+    if isinstance(stats.get("auto"), dict):
+        return _tempo_auto_rows(stats["auto"])
     plan = stats.get("plan")
     tensors = (plan.get("extra") or {}).get("tensors") if isinstance(plan, dict) else None
     if not tensors:

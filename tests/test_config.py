@@ -49,7 +49,7 @@ def test_unknown_option_names_key_and_lists_valid_ones():
 
 
 @pytest.mark.parametrize("options, error, words", [
-    ({"tempo": "yes please"}, TypeError, "'tempo' must be True, False or None"),
+    ({"tempo": "yes please"}, TypeError, "'tempo' must be True, False, None or 'auto'"),
     ({"strict": None}, TypeError, "'strict' must be True or False"),
     ({"codegen": "c++"}, ValueError, "'codegen' must be one of ('auto', 'fx', 'inductor')"),
     ({"debug_dir": 3}, TypeError, "'debug_dir' must be a path"),

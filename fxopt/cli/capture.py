@@ -23,7 +23,7 @@ from torch import fx, nn
 from fxopt import _compat
 from fxopt.passes.swap_recompute.noop_dropout import drop_noop_dropouts
 
-__all__ = ["CapturedJoint", "capture_joints"]
+__all__ = ["CapturedJoint", "capture_dynamo", "capture_joints"]
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,7 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
             gm.recompile()
         return aot(gm, example_inputs)
 
-    out = torch.compile(model, backend=backend, dynamic=dynamic)(*inputs)
-    loss = _first_tensor(out)
-    if loss is None or not loss.requires_grad:
-        raise ValueError("fxopt: the model's output has no tensor that requires grad: "
-                         "planning needs a training step (model(*inputs), then backward)")
-    loss.sum().backward()
-    model.zero_grad(set_to_none=True)
-    torch.compiler.reset()
+    _backward(model, torch.compile(model, backend=backend, dynamic=dynamic)(*inputs))
     return found
 
 
@@ -73,3 +66,29 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, (tuple, list)):
         return next((t for t in map(_first_tensor, value) if t is not None), None)
     return None
+
+
+def capture_dynamo(model: nn.Module, inputs: Sequence[Any]) -> list[tuple[fx.GraphModule,
+                                                                          list[Any]]]:
+    """Every Dynamo graph of one training step of ``model`` with its example inputs (run
+    as captured), for planning what happens before autograd (tempo's variants)."""
+    torch.compiler.reset()
+    found: list[tuple[fx.GraphModule, list[Any]]] = []
+
+    def record(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        found.append((gm, list(example_inputs)))
+        return gm.forward
+
+    _backward(model, torch.compile(model, backend=record)(*inputs))
+    return found
+
+
+def _backward(model: nn.Module, out: Any) -> None:
+    """Backward from the step's output (its first tensor, summed), then clear gradients."""
+    loss = _first_tensor(out)
+    if loss is None or not loss.requires_grad:
+        raise ValueError("fxopt: the model's output has no tensor that requires grad: "
+                         "planning needs a training step (model(*inputs), then backward)")
+    loss.sum().backward()
+    model.zero_grad(set_to_none=True)
+    torch.compiler.reset()

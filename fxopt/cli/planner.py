@@ -44,6 +44,12 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--joint", action="store_true", help="with a fraction --budget and "
                       "graph breaks: split it by the graphs' frontiers, all graphs known at "
                       "once (compilation, one graph at a time, replays it with plan=)")
+    plan.add_argument("--tempo", choices=("off", "auto"), default="off",
+                      help="with --budget: 'auto' plans tempo's site kinds jointly with the "
+                      "activations (as compilation with tempo='auto' does)")
+    plan.add_argument("--optimizer-subgroups", type=int, metavar="N",
+                      help="with a byte --budget: plan an offloaded optimizer's N subgroups "
+                      "(host or device) jointly with the activations, in one budget")
     plan.add_argument("--points", type=int, default=12, help="budgets on the frontier")
     plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib; "
                       "with --save, drawn next to the plan by default)")
@@ -53,6 +59,9 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
                       help="capture with symbolic sizes (batch, sequence length)")
     plan.add_argument("--fit", metavar="BYTES",
                       help="with --dynamic: the largest batch whose peak fits in BYTES")
+    plan.add_argument("--max-batch", action="store_true", help="with a byte --budget: the "
+                      "largest batch that fits with the plan's own savings (captures with "
+                      "symbolic sizes, as --dynamic)")
     plan.add_argument("--symbol", help="with --fit: the size symbol to grow (default: the "
                       "first one that is dim 0 of an input)")
     plan.set_defaults(run=_plan)
@@ -104,10 +113,20 @@ def _plan(args: argparse.Namespace) -> int:
         fit = parse_memory_budget(args.fit, "--fit") if args.fit else None
         if fit is not None and (fit.bytes is None or not args.dynamic):
             raise ValueError("--fit takes bytes (e.g. 6GiB) and needs --dynamic")
+        if args.max_batch and (budget is None or budget.bytes is None):
+            raise ValueError("--max-batch takes a byte --budget (e.g. 6GiB)")
+        args.dynamic = args.dynamic or args.max_batch
         if args.save and budget is None:
             raise ValueError("--save needs --budget")
         if args.joint and (budget is None or budget.fraction is None):
             raise ValueError("--joint splits a fraction: give --budget as one (e.g. 0.5)")
+        if (args.tempo == "auto" or args.optimizer_subgroups) and budget is None:
+            raise ValueError("--tempo auto and --optimizer-subgroups plan under a budget: "
+                             "give --budget")
+        if args.optimizer_subgroups is not None and (budget.bytes is None
+                                                     or args.optimizer_subgroups < 1):
+            raise ValueError("--optimizer-subgroups takes a count >= 1 and a byte --budget "
+                             "(e.g. 6GiB): a fraction bounds saved bytes only")
     except (ValueError, TypeError, ImportError) as error:
         print(f"fxopt plan: {str(error).removeprefix('fxopt: ')}", file=sys.stderr)
         return 2
@@ -162,12 +181,35 @@ def _plan(args: argparse.Namespace) -> int:
             _draw(frontier, _per_graph(png, index, len(joints)), f"{args.target} g{index}",
                   plan)
         if args.dynamic:
-            _print_symbolic(symbolic_step(joint.gm, joint.num_fwd_outputs, hardware), fit,
-                            args.symbol)
+            symbolic = symbolic_step(joint.gm, joint.num_fwd_outputs, hardware)
+            _print_symbolic(symbolic, fit, args.symbol)
+            if args.max_batch:
+                _print_max_batch(symbolic, joint.gm, problem, budget.bytes, args.symbol)
+    if budget is not None and (args.tempo == "auto" or args.optimizer_subgroups):
+        _print_joint(model, inputs, budget, hardware, codegen, args, problems)
     if args.save:
         print(f"plan saved: {save_plans(plans, args.save)}"
               f"{f' ({len(plans)} graphs)' if len(plans) > 1 else ''}")
     return 0
+
+
+def _print_joint(model: Any, inputs: Any, budget: Any, hardware: Any, codegen: str,
+                 args: argparse.Namespace, problems: list[Any]) -> None:
+    """The joint plan of every graph (tempo sites x activations x optimizer subgroups)."""
+    from fxopt.cli.capture import capture_dynamo
+    from fxopt.optim.joint import plan_model, subgroups_of
+    from fxopt.passes.tempo.auto import tempo_variants
+
+    if args.tempo == "auto":
+        graphs = [tempo_variants(gm, example, hardware, codegen=codegen, name=f"g{index}")
+                  for index, (gm, example) in enumerate(capture_dynamo(model, inputs))]
+    else:
+        graphs = [{(): problem} for problem in problems]
+    subgroups = (subgroups_of(model.parameters(), args.optimizer_subgroups)
+                 if args.optimizer_subgroups else None)
+    for index, choice in enumerate(plan_model(graphs, budget, hardware, subgroups=subgroups,
+                                              time_limit=args.time_limit)):
+        print(f"\ng{index} {choice.table()}")
 
 
 def _per_graph(path: str | Path, index: int, graphs: int) -> Path:
@@ -196,8 +238,7 @@ def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
         print(f"size {name} = {hint} at capture, found at {', '.join(step.origins[name])}")
     if fit is None:
         return
-    symbol = symbol or next((n for n, where in step.origins.items()
-                             if any(w.endswith("[0]") for w in where)), None)
+    symbol = symbol or _batch_symbol(step)
     if symbol is None:
         print("--fit: no size symbol is dim 0 of an input; pass --symbol")
         return
@@ -208,6 +249,37 @@ def _print_symbolic(step: Any, fit: Any, symbol: str | None) -> None:
     best, peak, throughput = answer
     print(f"largest {symbol} that fits in {format_bytes(fit.bytes)}: {best} (predicted peak "
           f"{format_bytes(int(peak))}, {throughput:.1f} {symbol}/s predicted)")
+
+
+def _batch_symbol(step: Any) -> str | None:
+    """The first size symbol that is dim 0 of an input (the batch, usually)."""
+    return next((n for n, where in step.origins.items()
+                 if any(w.endswith("[0]") for w in where)), None)
+
+
+def _print_max_batch(step: Any, joint_gm: Any, problem: Any, budget: int,
+                     symbol: str | None) -> None:
+    from fxopt.planner.batch import largest_batch
+    from fxopt.planner.solvers.milp import lowest_peak_plan
+    from fxopt.units import format_bytes
+
+    symbol = symbol or _batch_symbol(step)
+    if symbol is None:
+        print("--max-batch: no size symbol is dim 0 of an input; pass --symbol")
+        return
+    floor = lowest_peak_plan(problem.activations)
+    counts = {a: sum(1 for v in floor.actions.values() if v == a) for a in ("recompute", "swap")}
+    kept = step.largest_fitting(symbol, budget)
+    answer = largest_batch(step, joint_gm, problem.activations, floor.actions,
+                           floor.added_seconds, symbol, budget)
+    if answer is None:
+        print(f"--max-batch: even {symbol} = 1 does not fit in {format_bytes(budget)}")
+        return
+    best, peak, throughput = answer
+    print(f"largest {symbol} that fits in {format_bytes(budget)} with the plan's savings "
+          f"(lowest-peak plan: {counts['recompute']} recomputed, {counts['swap']} swapped): "
+          f"{best} (predicted peak {format_bytes(int(peak))}, {throughput:.1f} {symbol}/s "
+          f"predicted); with everything kept: {kept[0] if kept else 'none'}")
 
 
 def _calibrate(args: argparse.Namespace) -> int:

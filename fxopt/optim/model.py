@@ -9,7 +9,9 @@ the offload pass, the runtime and the planner (which may fold it into its solver
 - :func:`split_subgroups` cuts parameters (in gradient-ready order) into subgroups;
 - :func:`simulate` predicts the optimizer phase of a step for one placement per subgroup;
 - :func:`plan_offload` chooses the placements: the fastest one whose resident GPU state fits
-  ``gpu_state_budget_bytes``, or the fastest with a forced CPU share (``cpu_fraction``).
+  ``gpu_state_budget_bytes``, or the fastest with a forced CPU share (``cpu_fraction``);
+- :func:`offload_frontier`: the placements no other beats on both resident state and time,
+  which the joint search (:mod:`fxopt.optim.joint`) pairs with activation plans.
 
 The model, with t=0 at the end of the backward (when ``optimizer.step()`` may start) and the
 rates of a :class:`~fxopt.planner.HardwareProfile`:
@@ -43,7 +45,7 @@ from fxopt.planner.hardware import HardwareProfile
 
 __all__ = [
     "PLACEMENTS", "ParamInfo", "Subgroup", "SubgroupPlan", "OffloadPlan", "Prediction",
-    "split_subgroups", "simulate", "plan_offload",
+    "split_subgroups", "simulate", "plan_offload", "offload_frontier",
 ]
 
 PLACEMENTS = ("gpu", "cpu")
@@ -306,6 +308,20 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
             f"gpu_state_budget_bytes={gpu_state_budget_bytes}; raise the budget or the "
             "CPU fraction")
     (_, _, placement), prediction = best
+    return _offload_plan(subgroups, placement, prediction, hardware, gpu_state_budget_bytes,
+                         cpu_fraction, states_per_param, contention)
+
+
+def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
+                  prediction: Prediction, hardware: HardwareProfile,
+                  gpu_state_budget_bytes: int | None, cpu_fraction: float | None,
+                  states_per_param: int, contention: float) -> OffloadPlan:
+    n = len(subgroups)
+
+    def predict(placement: Sequence[str]) -> Prediction:
+        return simulate(subgroups, placement, hardware, states_per_param=states_per_param,
+                        contention=contention)
+
     all_gpu, all_cpu = predict(("gpu",) * n), predict(("cpu",) * n)
     return OffloadPlan(
         subgroups=tuple(
@@ -319,3 +335,26 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
         all_gpu_state_bytes=all_gpu.gpu_state_bytes, host_bytes=prediction.host_bytes,
         hardware=hardware.name, gpu_state_budget_bytes=gpu_state_budget_bytes,
         cpu_fraction=cpu_fraction, states_per_param=states_per_param, contention=contention)
+
+
+def offload_frontier(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
+                     states_per_param: int = 2, contention: float = DEFAULT_CONTENTION
+                     ) -> list[OffloadPlan]:
+    """The non-dominated placements, least resident bytes first: resident bytes (the device
+    state; on a CPU device the host subgroups' bytes too, the same memory) against the
+    predicted optimizer time. Ties go as in :func:`plan_offload`."""
+    host_counts = hardware.device_type == "cpu"
+    points = []
+    for placement in _candidates(len(subgroups)):
+        p = simulate(subgroups, placement, hardware, states_per_param=states_per_param,
+                     contention=contention)
+        resident = p.gpu_state_bytes + (p.host_bytes if host_counts else 0)
+        points.append((resident, round(p.seconds, 12), p.gpu_state_bytes, placement, p))
+    frontier: list[OffloadPlan] = []
+    fastest = math.inf
+    for _, seconds, _, placement, prediction in sorted(points, key=lambda q: q[:4]):
+        if seconds < fastest:  # least resident first: keep each that is faster
+            frontier.append(_offload_plan(subgroups, placement, prediction, hardware, None,
+                                          None, states_per_param, contention))
+            fastest = seconds
+    return frontier

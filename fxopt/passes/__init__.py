@@ -44,7 +44,9 @@ PIPELINE: list[PassSpec] = [
                     "whose decomposed clone autograd would save"),
     PassSpec(
         name="tempo", flag="tempo", stages=(Stage.PRE_AUTOGRAD,), run=tempo,
-        default_text="off unless asked (trades gradient accuracy and time for memory)",
+        default=lambda ctx: ctx.options.tempo == "auto",
+        default_text="off unless asked (trades gradient accuracy and time for memory); "
+                     "'auto': the site kinds that pay under memory_budget",
         description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
     PassSpec(
         name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn,

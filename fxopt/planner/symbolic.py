@@ -45,7 +45,7 @@ from fxopt.analysis.cost import is_view_op, node_cost
 from fxopt.analysis.shapes import size_hint, tensor_values
 from fxopt.planner.hardware import HardwareProfile
 
-__all__ = ["SymbolicStep", "symbolic_step", "sym"]
+__all__ = ["SymbolicStep", "storage_bytes", "symbolic_step", "sym"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def _numel(t: torch.Tensor) -> sympy.Expr:
     return sympy.Mul(*[sym(s) for s in t.shape])
 
 
-def _storage_bytes(t: torch.Tensor) -> sympy.Expr:
+def storage_bytes(t: torch.Tensor) -> sympy.Expr:
     """The span a tensor's strides reach, in bytes (as ``shapes.storage_nbytes``)."""
     if any(size_hint(s) == 0 for s in t.shape):
         return sympy.Integer(0)
@@ -107,7 +107,7 @@ class _SymbolicSimulation(_memory._Simulation):
     def _fresh(self, val: Any, *, step: int, caller_owned: bool = False) -> Any:
         sid = super()._fresh(val, step=step, caller_owned=caller_owned)
         if isinstance(val, torch.Tensor):
-            self.exprs.append(_storage_bytes(val))
+            self.exprs.append(storage_bytes(val))
         return sid
 
     def live_exprs(self) -> tuple[list[str], list[list[int]], list[list[int]], sympy.Expr]:
@@ -270,12 +270,14 @@ def symbolic_step(joint_gm: fx.GraphModule, num_fwd_outputs: int,
 
 def _simulate(sim: _SymbolicSimulation, gm: fx.GraphModule, num_fwd_outputs: int):
     """Drive ``sim`` over the joint graph as ``estimate_joint_memory`` does: the forward
-    region (nodes not depending on a tangent), then the backward region."""
+    region, then the backward region (nodes tagged ``is_backward`` by AOTAutograd, or
+    depending on a tangent), so the timeline is the planner's, step for step."""
     phs = _memory._placeholders(gm)
     tangents = [p for p in phs if _memory._is_tangent(p)]
     backward: set[fx.Node] = set(tangents)
-    for node in gm.graph.nodes:
-        if node.op != "output" and any(i in backward for i in node.all_input_nodes):
+    for node in gm.graph.nodes:  # the regions estimate_joint_memory uses (its doc)
+        if node.op != "output" and (node.meta.get("partitioner_tag") == "is_backward" or any(
+                i in backward for i in node.all_input_nodes)):
             backward.add(node)
     compute = _memory._compute_nodes(gm)
     outputs = _memory._output_nodes(gm)

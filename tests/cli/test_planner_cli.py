@@ -180,3 +180,39 @@ def test_calibrate_on_the_gpu_measures_host_copies(tmp_path, monkeypatch):
     assert profile.host_device_bandwidth > 1e9 and profile.flops["bfloat16"] > 1e12
     save_calibrated(profile, "cuda")
     assert profile_for("cuda") == profile
+
+
+def test_plan_prints_the_joint_plan_of_tempo_activations_and_optimizer(capsys):
+    """Block (dim 64) under 2.1 MiB: the activations alone fit, but not with the optimizer
+    state beside them; the joint plan recomputes to make room, and takes tempo's sites
+    only where they pay."""
+    assert main(["plan", TARGET, "--budget", "2.1MiB", "--points", "2", "--tempo", "auto",
+                 "--optimizer-subgroups", "4"]) == 0
+    out = capsys.readouterr().out
+    joint = out[out.index("g0 joint plan"):]
+    assert joint.startswith("g0 joint plan: meets the budget")
+    assert "tempo sites taken: " in joint and "tensors: recompute " in joint
+    assert "optimizer subgroups: " in joint and " on host, " in joint
+    assert "predicted peak " in joint and "(step " in joint and "+ optimizer " in joint
+    rows = [line.split() for line in joint.splitlines()[6:]]
+    assert len(rows) == 8 and {r[0] for r in rows} == {"-", "attention", "layer_norm",
+                                                       "attention,layer_norm"}
+    assert [r[1] for r in rows if r[0] == "-"][0] == "no"  # the separate choice misses
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budget", "0.5", "--optimizer-subgroups", "2"], "byte --budget"),
+    (["--tempo", "auto"], "give --budget"),
+])
+def test_plan_refuses_joint_options_without_their_budget(argv, message, capsys):
+    assert main(["plan", TARGET, "--points", "2", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_plan_max_batch_counts_the_plans_savings(capsys):
+    assert main(["plan", TARGET, "--budget", "6MiB", "--points", "2", "--max-batch"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("largest ") and "savings" in x)
+    fits = line.split("swapped): ")[1].split(" (")[0]
+    kept = line.rsplit(": ", 1)[1]
+    assert int(fits) > int(kept) > 0

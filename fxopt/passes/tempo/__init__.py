@@ -25,16 +25,33 @@ import torch.fx as fx
 
 from fxopt._compat import tree_leaves
 from fxopt.kernels import tempo as _tempo_ops  # noqa: F401  (registers the ops)
-from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.base import PassContext, PassResult, RewriteCounter
 from fxopt.passes.tempo.graph import kept_by_neighbour
 from fxopt.passes.tempo.sites import MATCHERS, Site
 
-__all__ = ["tempo"]
+__all__ = ["rewrite_sites", "tempo"]
 
 
 def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     """Replace every GELU, LayerNorm/RMSNorm and softmax-dropout-matmul site that saves
-    memory by a tempo custom op."""
+    memory by a tempo custom op; with ``tempo="auto"``, only the site kinds that pay under
+    the memory budget (:mod:`fxopt.passes.tempo.auto`)."""
+    kinds, auto = None, None
+    if ctx.options.tempo == "auto":
+        from fxopt.passes.tempo.auto import choose_sites
+
+        auto = choose_sites(gm, ctx)
+        kinds = set(auto["taken"])
+    stats = rewrite_sites(gm, ctx.rewrites, kinds)
+    if auto is not None:
+        stats["auto"] = auto
+    return PassResult(gm, bool(stats["rewritten"]), stats)
+
+
+def rewrite_sites(gm: fx.GraphModule, rewrites: RewriteCounter,
+                  kinds: set[str] | None = None) -> dict[str, dict[str, int]]:
+    """Rewrite the sites of ``kinds`` (None: every kind) that save memory, in place; the
+    stats: per kind the sites rewritten and bytes removed, per reason the sites left."""
     rewritten, removed, skipped = Counter(), Counter(), Counter()
     for node in list(gm.graph.nodes):
         if node.graph is not gm.graph:  # erased by an earlier rewrite
@@ -43,7 +60,9 @@ def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         if site is None:
             continue
         reason = site if isinstance(site, str) else _refusal(site)
-        if reason is None and not ctx.rewrites.allow():
+        if reason is None and kinds is not None and site.kind not in kinds:
+            reason = f"{site.kind}: not taken (tempo='auto')"
+        if reason is None and not rewrites.allow():
             reason = "rewrite limit"
         if reason is not None:
             skipped[reason] += 1
@@ -51,9 +70,8 @@ def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         _rewrite(gm.graph, site)
         rewritten[site.kind] += 1
         removed[site.kind] += site.bytes_removed
-    stats = {"rewritten": dict(rewritten), "bytes_removed": dict(removed),
-             "skipped": dict(skipped)}
-    return PassResult(gm, bool(rewritten), stats)
+    return {"rewritten": dict(rewritten), "bytes_removed": dict(removed),
+            "skipped": dict(skipped)}
 
 
 def _refusal(site: Site) -> str | None:
