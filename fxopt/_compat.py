@@ -212,6 +212,14 @@ def graph_break_counts() -> dict[str, int]:
     return dict(counters["graph_break"])
 
 
+def dynamo_suppresses_errors() -> bool:
+    """Whether Dynamo swallows a backend's compile error and runs the frame eagerly
+    (``torch._dynamo.config.suppress_errors``, which some users and libraries set)."""
+    import torch._dynamo.config as dynamo_config
+
+    return bool(dynamo_config.suppress_errors)
+
+
 def dynamo_traces_rnn() -> bool:
     """Whether Dynamo traces ``nn.RNN``/``nn.LSTM``/``nn.GRU`` into its graph
     (``torch._dynamo.config.allow_rnn``); otherwise it breaks the graph at them."""
