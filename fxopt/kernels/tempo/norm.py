@@ -128,12 +128,14 @@ def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dims (``n`` elements per row), in fp32, y in ``out_dtype``.
     Returns (y, rstd [rows], guarded x_hat [rows, capacity], guarded columns)."""
-    xhat, rstd = _normalize(x, n, eps, centered=True)
+    rows = _rows(x, n)
     w, b = _vector(weight, n, 1.0, x), _vector(bias, n, 0.0, x)
-    y = (xhat * w + b).to(out_dtype).view(x.shape)
+    # ATen's fused kernel (eager's own): y, mean and rstd in one pass over the rows
+    y, mean, rstd = torch.native_layer_norm(rows, (n,), w, b, eps)
     guard = (_guard_columns(w, b, out_dtype) if weight is not None
              else torch.arange(guard_capacity(n), device=x.device))
-    return y, rstd, xhat[:, guard].contiguous(), guard
+    guard_xhat = (rows.index_select(1, guard) - mean) * rstd
+    return y.to(out_dtype).view(x.shape), rstd.view(-1), guard_xhat, guard
 
 
 @tempo_layer_norm.register_fake
@@ -150,7 +152,13 @@ def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Ten
     n = y.numel() // rstd.numel()
     w, b = _vector(weight, n, 1.0, y), _vector(bias, n, 0.0, y)
     xhat = _xhat_from_output(y, w, b, guard_xhat, guard_index)
-    dx, dweight, dbias = _norm_backward(dy, xhat, rstd, w, centered=True)
+    # ATen's fused LayerNorm backward given x_hat as the input with mean 0 and rstd 1
+    # gives rstd-free dx (the projection of g = dy * gamma), dgamma and dbeta exactly
+    rows = rstd.numel()
+    unit = xhat.new_ones((rows, 1))
+    dx, dweight, dbias = torch.ops.aten.native_layer_norm_backward(
+        _rows(dy, n), xhat, (n,), unit.new_zeros((rows, 1)), unit, w, b, (True, True, True))
+    dx = dx.mul_(rstd[:, None])
     if weight is None:
         return dx, dweight, dbias
     return (*_nan_if_unguarded((dx, dweight), w, b, y.dtype), dbias)
