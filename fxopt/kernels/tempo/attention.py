@@ -64,13 +64,13 @@ def tempo_softmax_dropout_matmul_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dscores, dv) of :func:`tempo_softmax_dropout_matmul` from S, the mask and v."""
     probs = s.to(probs_dtype)
-    if p > 0:  # ATen's fused mask-and-scale, as eager's dropout backward
-        mask = unpack_bits(packed, probs.shape)
-        probs = torch.ops.aten.native_dropout_backward(probs, mask, 1.0 / (1.0 - p))
+    if p > 0:  # eager's dropout on the CPU multiplies by noise = mask / (1 - p): the same
+        noise = unpack_bits(packed, probs.shape).to(probs.dtype).div_(1.0 - p)
+        probs = probs * noise
     dv = torch.matmul(probs.to(dout.dtype).transpose(-2, -1), dout).to(v.dtype)
     dprobs = torch.matmul(dout, v.to(dout.dtype).transpose(-2, -1)).to(probs_dtype)
     if p > 0:
-        dprobs = torch.ops.aten.native_dropout_backward(dprobs, mask, 1.0 / (1.0 - p))
+        dprobs = dprobs * noise
     dscores = softmax_backward(dprobs.to(s.dtype), s, dim, s.dtype)
     return dscores.to(scores_dtype).contiguous(), dv.contiguous()
 
