@@ -76,11 +76,8 @@ def _nan_if_unguarded(grads: tuple[torch.Tensor, ...], weight: torch.Tensor,
     return tuple(g.add_(penalty) for g in grads)
 
 
-def _normalize(x: torch.Tensor, n: int, eps: float, centered: bool
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_normalize(x: torch.Tensor, n: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     rows = _rows(x, n)
-    if centered:
-        rows = rows - rows.mean(-1, keepdim=True)
     rstd = torch.rsqrt(rows.pow(2).mean(-1) + eps)
     return rows * rstd[:, None], rstd
 
@@ -99,14 +96,13 @@ def _xhat_from_output(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return xhat.index_copy(1, guard_index, guard_xhat)
 
 
-def _norm_backward(dy: torch.Tensor, xhat: torch.Tensor, rstd: torch.Tensor,
-                   weight: torch.Tensor, centered: bool) -> tuple[torch.Tensor, ...]:
+def _rms_norm_backward_rows(dy: torch.Tensor, xhat: torch.Tensor, rstd: torch.Tensor,
+                           weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm's (dx, dgamma) from x_hat (LayerNorm's backward is ATen's, see below)."""
     dy = _rows(dy, weight.numel())
     g = dy * weight
     projected = g - xhat * (g * xhat).mean(-1, keepdim=True)
-    if centered:
-        projected = projected - g.mean(-1, keepdim=True)
-    return projected * rstd[:, None], (dy * xhat).sum(0), dy.sum(0)
+    return projected * rstd[:, None], (dy * xhat).sum(0)
 
 
 def _fake_outputs(x: torch.Tensor, n: int, out_dtype: torch.dtype
@@ -201,7 +197,7 @@ def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: fl
     """RMSNorm over the last dims, in fp32, y in ``out_dtype``. ``round_before_weight``
     rounds the normalized input to x's dtype before the weight multiplies it, as Llama's
     hand-written RMSNorm does. Returns what :func:`tempo_layer_norm` returns."""
-    xhat, rstd = _normalize(x, n, eps, centered=False)
+    xhat, rstd = _rms_normalize(x, n, eps)
     if round_before_weight:
         xhat = xhat.to(x.dtype).float()
     w = _vector(weight, n, 1.0, x)
@@ -225,7 +221,7 @@ def tempo_rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tenso
     n = y.numel() // rstd.numel()
     w = _vector(weight, n, 1.0, y)
     xhat = _xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
-    dx, dweight, _ = _norm_backward(dy, xhat, rstd, w, centered=False)
+    dx, dweight = _rms_norm_backward_rows(dy, xhat, rstd, w)
     if weight is None:
         return dx, dweight
     return _nan_if_unguarded((dx, dweight), w, None, y.dtype)
