@@ -10,7 +10,8 @@ configuration, the training step time (forward + backward) and the compile time:
 
 Sizes: ``smoke`` is the benchmark suite's CPU size (`fxopt bench --smoke`: 2 layers,
 hidden 32, batch 2 x 32 tokens); ``medium`` is issue 17's measurement size (4 layers,
-hidden 256, batch 4 x 64).
+hidden 256, batch 4 x 64); ``suite`` is issue 17's done-when size (batch 4 x 128, used by
+benchmarks/fast_path.py).
 
 Step time: one thread, the configurations interleaved step by step (the order rotates each
 round), median of ``--steps`` timed steps after two warm-up steps, with min-max spread.
@@ -45,6 +46,8 @@ SIZES = {
               "batch": 2, "seq": 32},
     "medium": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "positions": 128,
                "batch": 4, "seq": 64},
+    "suite": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "positions": 128,
+              "batch": 4, "seq": 128},
 }
 
 

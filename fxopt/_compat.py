@@ -243,6 +243,20 @@ def graph_break_counts() -> dict[str, int]:
     return dict(counters["graph_break"])
 
 
+def softmax_backward(grad: torch.Tensor, output: torch.Tensor, dim: int,
+                     input_dtype: torch.dtype) -> torch.Tensor:
+    """ATen's fused softmax backward from softmax's output (``_softmax_backward_data``)."""
+    return torch.ops.aten._softmax_backward_data(grad, output, dim, input_dtype)
+
+
+def dynamo_suppresses_errors() -> bool:
+    """Whether Dynamo swallows a backend's compile error and runs the frame eagerly
+    (``torch._dynamo.config.suppress_errors``, which some users and libraries set)."""
+    import torch._dynamo.config as dynamo_config
+
+    return bool(dynamo_config.suppress_errors)
+
+
 def dynamo_traces_rnn() -> bool:
     """Whether Dynamo traces ``nn.RNN``/``nn.LSTM``/``nn.GRU`` into its graph
     (``torch._dynamo.config.allow_rnn``); otherwise it breaks the graph at them."""

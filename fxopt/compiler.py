@@ -45,12 +45,17 @@ from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_modul
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.plan import load_plans
 
-__all__ = ["Backend", "GraphRecord", "backend", "fxopt_backend"]
+__all__ = ["Backend", "GraphRecord", "StrictCompileError", "backend", "fxopt_backend"]
 
 log = logging.getLogger(__name__)
 
 _graph_ids = itertools.count()
 T = TypeVar("T")
+
+
+class StrictCompileError(RuntimeError):
+    """Under ``strict=True`` a graph failed to compile while Dynamo's ``suppress_errors``
+    was set: raised when the graph runs, where Dynamo cannot swallow it."""
 
 
 @dataclass
@@ -139,7 +144,13 @@ class Backend:
         compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments,
                                   self._plain_baseline, self.budget_ledger)
         self.graphs.append(compiler.record)
-        return compiler.compile(gm, example_inputs)
+        try:
+            return compiler.compile(gm, example_inputs)
+        except Exception as exc:
+            if (not resolved.strict or _compat.is_dynamo_protocol_error(exc)
+                    or not _compat.dynamo_suppresses_errors()):
+                raise
+            return _raise_when_run(compiler.record.name, exc)
 
 
 def backend(**options: Any) -> Backend:
@@ -153,6 +164,22 @@ def fxopt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                   mode: str | None = None) -> Callable[..., Any]:
     """The ``torch_dynamo_backends`` entry point (``backend="fxopt"``)."""
     return Backend(options, mode)(gm, example_inputs)
+
+
+def _raise_when_run(graph: str, exc: Exception) -> Callable[..., Any]:
+    """The compiled function of a graph that failed under ``strict=True`` while Dynamo's
+    ``suppress_errors`` is set: Dynamo would log the error and run the frame eagerly, the
+    silent fallback strict forbids, so the error is raised when the graph runs instead
+    (Dynamo does not catch errors raised at run time)."""
+    message = (f"fxopt: graph {graph} failed to compile and strict=True is set "
+               f"(Dynamo's suppress_errors=True would have run it uncompiled): "
+               f"{type(exc).__name__}: {exc}")
+    log.error("%s", message)
+
+    def failed(*args: Any, **kwargs: Any) -> Any:
+        raise StrictCompileError(message) from exc
+
+    return failed
 
 
 def _resolve(options: Mapping[str, Any] | None, mode: str | None) -> Options:

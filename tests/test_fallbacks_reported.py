@@ -47,3 +47,28 @@ def test_strict_raises_when_inductor_fails(monkeypatch):
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="no lowering"):
         compiled(torch.randn(3, 13))
 
+
+
+@pytest.mark.parametrize("failure", ["pass", "inductor"])
+def test_strict_raises_even_when_dynamo_suppresses_errors(monkeypatch, failure):
+    """Dynamo's suppress_errors=True swallows a backend's compile error and runs the frame
+    eagerly; under strict the error is raised when the graph runs instead."""
+    from fxopt.compiler import StrictCompileError
+
+    options, passes, message = {"strict": True}, (BROKEN,), "deliberate failure"
+    if failure == "inductor":
+        monkeypatch.setattr(fxopt._compat, "inductor_compile", _broken_inductor)
+        options, passes, message = {"strict": True, "codegen": "inductor"}, (), "no lowering"
+    compiled = torch.compile(MLP(), backend=fxopt.backend(**options))
+    with extra_passes(*passes), torch._dynamo.config.patch(suppress_errors=True), \
+            pytest.raises(StrictCompileError, match=message) as info:
+        compiled(torch.randn(3, 13))
+    assert "strict=True" in str(info.value) and "suppress_errors" in str(info.value)
+
+
+def test_without_strict_suppress_errors_still_warns_the_fallback():
+    compiled = torch.compile(MLP(), backend=fxopt.backend())
+    with extra_passes(BROKEN), torch._dynamo.config.patch(suppress_errors=True), \
+            pytest.warns(UserWarning, match="runs without broken"):
+        out = compiled(torch.randn(3, 13))
+    assert out.shape == (3, 5)

@@ -24,13 +24,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fxopt._compat import softmax_backward
 from fxopt.kernels.tempo.bitmask import pack_bits, packed_size, unpack_bits
 
 __all__ = ["tempo_softmax_dropout_matmul"]
-
-
-def _scaled_mask(packed: torch.Tensor, like: torch.Tensor, p: float) -> torch.Tensor:
-    return unpack_bits(packed, like.shape).to(like.dtype) * (1.0 / (1.0 - p))
 
 
 @torch.library.custom_op("fxopt::tempo_softmax_dropout_matmul", mutates_args=(),
@@ -67,15 +64,14 @@ def tempo_softmax_dropout_matmul_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dscores, dv) of :func:`tempo_softmax_dropout_matmul` from S, the mask and v."""
     probs = s.to(probs_dtype)
-    if p > 0:
-        mask = _scaled_mask(packed, probs, p)
-        probs = probs * mask
+    if p > 0:  # eager's dropout on the CPU multiplies by noise = mask / (1 - p): the same
+        noise = unpack_bits(packed, probs.shape).to(probs.dtype).div_(1.0 - p)
+        probs = probs * noise
     dv = torch.matmul(probs.to(dout.dtype).transpose(-2, -1), dout).to(v.dtype)
     dprobs = torch.matmul(dout, v.to(dout.dtype).transpose(-2, -1)).to(probs_dtype)
     if p > 0:
-        dprobs = dprobs * mask
-    ds = dprobs.to(s.dtype)
-    dscores = s * (ds - (ds * s).sum(dim, keepdim=True))
+        dprobs = dprobs * noise
+    dscores = softmax_backward(dprobs.to(s.dtype), s, dim, s.dtype)
     return dscores.to(scores_dtype).contiguous(), dv.contiguous()
 
 

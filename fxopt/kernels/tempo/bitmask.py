@@ -58,4 +58,5 @@ def unpack_bits(packed: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> to
     for size in shape:
         numel *= size
     bits = (packed.unsqueeze(1) >> _bit_weights(packed.device)) & 1
-    return bits.reshape(-1)[:numel].view(shape).bool()
+    # 0/1 bytes viewed as bool (no conversion pass: bool casts are slow on the CPU)
+    return bits.reshape(-1)[:numel].view(shape).view(torch.bool)

@@ -7,8 +7,10 @@ s = sqrt(y - y_min) fitted by ``fit_gelu.py`` (coefficients in ``gelu_coefficien
 Memory: the input x (4 bytes/element in fp32) is replaced by 1 bit/element; y costs nothing
 when the next op keeps it anyway (a Linear after GELU does), which the pass checks.
 
-Both ops run a Triton kernel where :func:`fxopt.kernels.triton_runs_on` says Triton runs,
-and the pure-torch reference here elsewhere; both save the same tensors.
+Both ops run a Triton kernel where :func:`fxopt.kernels.triton_runs_on` says Triton runs
+(the backward evaluating the fit), and the pure-torch reference here elsewhere (the backward
+reading a dense table of the exact derivative, faster on the CPU than the fit's gathers);
+both save the same tensors, and both derivatives are within the fit's max error.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from fxopt.kernels import triton_runs_on
 from fxopt.kernels.tempo.bitmask import pack_bits, packed_size, unpack_bits
-from fxopt.kernels.tempo.gelu_coefficients import DEGREE, FITS
+from fxopt.kernels.tempo.gelu_coefficients import FITS
 
 __all__ = ["APPROXIMATIONS", "gelu_derivative_from_output", "gelu_tables", "tempo_gelu",
            "tempo_gelu_backward"]
@@ -47,91 +49,97 @@ def gelu_tables(approximate: str, device: torch.device) -> dict[str, torch.Tenso
             "right_end": right["end"], "x_min": fit["x_min"], "y_min": fit["y_min"]}
 
 
-# The reference picks each element's interval without a binary search: the top bits of y's
-# fp32 pattern (sign, exponent, 5 mantissa bits: a key per 1/32 octave of |y|, fine enough
-# near the minimum and logarithmic on the left tail, whose intervals shrink to 3e-7 in s)
-# index a table of the first interval the key's range of y meets; one comparison with the
-# next interval's start finishes the choice (a key's range never holds two starts; checked
-# when the table is built). Each interval's row is then read with int64 index_select, the
-# CPU's fast gather (int32 indices and advanced indexing take 4-10x longer).
-_KEY_SHIFT = 18
-_KEYS = 1 << (32 - _KEY_SHIFT)
+# The reference (the CPU path) does not evaluate the fit: it reads GELU's exact derivative
+# from a dense table, linearly interpolated, where each element's bucket is computed from
+# the bits of a variable v rather than searched. The top bits of v's fp32 pattern
+# (exponent and _MANTISSA_BITS mantissa bits: 2**_MANTISSA_BITS buckets per octave,
+# logarithmic) give the bucket, its low bits the position in it, so one element costs two
+# gathers (value and slope) where the fit's intervals cost twelve (measured 3x faster per
+# element on one CPU thread). The derivative is smooth in v, per region: on the right
+# branch and near the minimum of the left one v = s = sqrt(y - y_min) (the fit's
+# variable), on the left tail (y > -_TAIL, x below about -1.6) v = -y, where the
+# derivative behaves like 2 y log|y| and s would need ever shorter buckets. Outside the
+# table's range of v the derivative is constant: its limit as v -> 0 (0) or its value at
+# _V_HIGH (1 to fp32 precision on the right). Table error (linear interpolation of the
+# exact derivative): below 2e-6, beside the fit's 7.5e-5 (both dominated by y's rounding).
+_MANTISSA_BITS = 9
+_SHIFT = 23 - _MANTISSA_BITS
+_V_LOW, _V_HIGH = 2.0 ** -40, 8.0
+_TAIL = 0.1
+_REGIONS = 3  # right (v = s), left near the minimum (v = s), left tail (v = -y)
 
 
-class _ReferenceTables(NamedTuple):
-    columns: torch.Tensor  # [2 + DEGREE + 1, intervals]: start, scale, c0 .. c_DEGREE
-    next_starts: torch.Tensor  # [intervals]: the next interval's start (inf at the last)
-    first_interval: torch.Tensor  # [2 * _KEYS] int64: left branch's keys, then right's
+class _DenseTable(NamedTuple):
+    value: torch.Tensor  # [_REGIONS * n] fp32: the derivative at each bucket's start
+    slope: torch.Tensor  # [_REGIONS * n] fp32: to the next bucket's start (0 at the ends)
+    key_low: int  # the key of the first bucket (below _V_LOW: the constant one)
+    size: int  # n, buckets per region
     y_min: float
-    s_cap_squared: float  # s is clamped below sqrt of this: beyond both branches' ends
+    s_cap_squared: float  # s is clamped below sqrt of this: beyond _V_HIGH
+
+
+def _key(v: float) -> int:
+    return int(torch.tensor(v, dtype=torch.float32).view(torch.int32)) >> _SHIFT
+
+
+def _invert(y: torch.Tensor, approximate: str, right: bool, x_min: float) -> torch.Tensor:
+    """x with gelu(x) = y on one branch (float64 bisection; y clamped into the branch)."""
+    low = torch.full_like(y, x_min if right else -40.0)
+    high = torch.full_like(y, 100.0 if right else x_min)
+    for _ in range(100):
+        middle = (low + high) / 2
+        above = torch.nn.functional.gelu(middle, approximate=approximate) > y
+        # gelu rises with x on the right branch and falls on the left one
+        low, high = (torch.where(above, low, middle), torch.where(above, middle, high)) if right \
+            else (torch.where(above, middle, low), torch.where(above, high, middle))
+    return (low + high) / 2
 
 
 @functools.cache
-def _reference_tables(approximate: str, device: torch.device) -> _ReferenceTables:
-    """The fit as one table of intervals, each branch ending in a constant interval (1 on
-    the right, 0 on the left) that starts at the branch's end, and the key table."""
+def _dense_table(approximate: str, device: torch.device) -> _DenseTable:
+    """The exact derivative at every bucket start of the three regions (float64 inversion
+    of gelu), and the slopes to the next start."""
     fit = FITS[approximate]
-    rows, next_starts, branch_starts = [], [], []
-    for branch, beyond in (("left", 0.0), ("right", 1.0)):
-        part = fit[branch]
-        starts = part["starts"] + [part["end"]]
-        branch_starts.append((len(rows), torch.tensor(starts, dtype=torch.float32)))
-        rows += [[start, scale, *coefficients] for start, scale, coefficients
-                 in zip(part["starts"], part["scales"], part["coefficients"])]
-        rows.append([part["end"], 0.0, beyond] + [0.0] * DEGREE)
-        next_starts += starts[1:] + [math.inf]
-    s_cap_squared = (2 * max(fit["left"]["end"], fit["right"]["end"])) ** 2
-    # Each key's y range (its smallest and largest fp32 pattern), s computed as the
-    # reference computes it. A key holds only finite patterns or only infinities and NaNs
-    # (-inf is s = 0, NaN propagates through t whatever the interval): those go unchecked.
-    low = (torch.arange(_KEYS, dtype=torch.int64) << _KEY_SHIFT).to(torch.int32)
-    ends = torch.stack([low, low | ((1 << _KEY_SHIFT) - 1)]).view(torch.float32)
-    finite = ends.isfinite().all(0)
-    s = (ends - fit["y_min"]).clamp_(0, s_cap_squared).sqrt_().nan_to_num_(nan=math.inf)
-    first_interval = []
-    for offset, starts in branch_starts:
-        interval = torch.searchsorted(starts, s, right=True) - 1
-        lowest, highest = interval.min(0).values, interval.max(0).values
-        if (highest - lowest > 1)[finite].any():
-            raise RuntimeError(f"tempo GELU fit {approximate!r}: an interval is narrower than "
-                               "a key's range of y; lower _KEY_SHIFT in gelu.py")
-        first_interval.append(lowest + offset)
-
-    def tensor(values, dtype=torch.float32) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=dtype).to(device)
-
-    return _ReferenceTables(tensor(rows).t().contiguous(), tensor(next_starts),
-                            tensor(torch.cat(first_interval), torch.int64), fit["y_min"],
-                            s_cap_squared)
-
-
-def _intervals(y: torch.Tensor, right: torch.Tensor, tables: _ReferenceTables
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each element's row in ``tables``, int64; s = sqrt(y - y_min), fp32) for flat ``y``
-    and ``right`` as 0/1 uint8."""
-    y = y.float()
-    key = (y.view(torch.int32) >> _KEY_SHIFT).bitwise_and_(_KEYS - 1)
-    interval = torch.index_select(tables.first_interval, 0,
-                                  key.add_(right, alpha=_KEYS).to(torch.int64))
-    s = (y - tables.y_min).clamp_(0, tables.s_cap_squared).sqrt_()
-    interval += s >= torch.index_select(tables.next_starts, 0, interval)
-    return interval, s
+    x_min, y_min = fit["x_min"], fit["y_min"]
+    key_low, key_high = _key(_V_LOW) - 1, _key(_V_HIGH)
+    keys = torch.arange(key_low, key_high + 2, dtype=torch.int64)
+    v = (keys << _SHIFT).to(torch.int32).view(torch.float32).double()
+    v[0] = 0.0  # the constant bucket below _V_LOW: the limit as v -> 0
+    values, slopes = [], []
+    for right, tail in ((True, False), (False, False), (False, True)):
+        y = -v.clamp(max=-y_min) if tail else v.clamp(max=math.sqrt(-y_min) if not right
+                                                   else _V_HIGH) ** 2 + y_min
+        x = _invert(y, approximate, right, x_min)
+        derivative = torch.ops.aten.gelu_backward(torch.ones_like(x), x,
+                                                  approximate=approximate)
+        slope = derivative[1:] - derivative[:-1]
+        slope[0] = slope[-1] = 0.0  # constant below _V_LOW and from _V_HIGH on
+        values.append(derivative[:-1])
+        slopes.append(slope)
+    return _DenseTable(torch.cat(values).float().to(device), torch.cat(slopes).float().to(device),
+                       key_low, keys.numel() - 1, y_min, _V_HIGH ** 2)
 
 
 def _derivative_from_output(y: torch.Tensor, right: torch.Tensor, approximate: str
                             ) -> torch.Tensor:
     """:func:`gelu_derivative_from_output` on flat ``y`` and ``right`` as 0/1 uint8."""
-    tables = _reference_tables(approximate, y.device)
-    interval, s = _intervals(y, right, tables)
-
-    def column(k: int) -> torch.Tensor:
-        return torch.index_select(tables.columns[k], 0, interval)
-
-    t = s.sub_(column(0)).mul_(column(1))
-    value = torch.addcmul(column(1 + DEGREE), column(2 + DEGREE), t)
-    for k in range(DEGREE, 1, -1):  # Horner, c_(DEGREE-2) .. c0 (column k is c_(k-2))
-        torch.addcmul(column(k), value, t, out=value)
-    return value
+    table = _dense_table(approximate, y.device)
+    y = y.float()
+    s = (y - table.y_min).clamp_(0, table.s_cap_squared).sqrt_()
+    # Masks as 0/1 uint8 and selects in arithmetic: on the CPU, ops on bool tensors and
+    # torch.where take 5-10x as long as the same ops on uint8 or fp32.
+    left = 1 - right
+    tail = (y > -_TAIL).view(torch.uint8).bitwise_and_(left)
+    # v = s, or -y on the tail, with -y clamped so that y = +inf never meets a 0 * inf
+    v = torch.addcmul(s, tail.to(torch.float32), (-y).clamp_(0, _TAIL).sub_(s))
+    bits = v.view(torch.int32)
+    key = (bits >> _SHIFT).clamp_(table.key_low, table.key_low + table.size - 1)
+    region = left.add_(tail).to(torch.int32)  # 0 right, 1 left near the minimum, 2 tail
+    index = key.add_(region, alpha=table.size).sub_(table.key_low).to(torch.int64)
+    position = (bits & ((1 << _SHIFT) - 1)).to(torch.float32).mul_(2.0 ** -_SHIFT)
+    position.add_(v, alpha=0.0)  # NaN where y is NaN (v is finite otherwise)
+    return torch.addcmul(torch.index_select(table.value, 0, index),
+                         torch.index_select(table.slope, 0, index), position)
 
 
 def gelu_derivative_from_output(y: torch.Tensor, right: torch.Tensor, approximate: str
@@ -148,7 +156,7 @@ def _forward_reference(x: torch.Tensor, approximate: str) -> tuple[torch.Tensor,
     return y, pack_bits(x >= gelu_tables(approximate, x.device)["x_min"])
 
 
-# The reference's temporaries (int64 interval indices and keys, a few fp32 intermediates:
+# The reference's temporaries (int64 indices, int32 keys, a few fp32 intermediates:
 # about 40 bytes per element) would make the backward's peak larger than the activation
 # tempo saved (measured on the benchmark suite's GPT-2 smoke step before chunking: 708 KiB
 # of temporaries at the peak against 93 KiB with plain GELU). Chunks of this many elements
