@@ -11,7 +11,7 @@ and, where matplotlib is installed, a PNG.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,7 @@ def _sweep(problem: ActivationProblem, low: int, high: int, points: int,
     for budget in sorted({int(low + i * (high - low) / (points - 1)) for i in range(1, points)}):
         if budget <= low:
             continue
-        at = ActivationProblem(problem.live_bytes, problem.activations, budget, problem.labels)
+        at = replace(problem, budget_bytes=budget)  # keeps the per-step times
         decision = solve_activations(at, time_limit=time_limit)
         decision.details["budget_bytes"] = budget
         out.append(decision)
