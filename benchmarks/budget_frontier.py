@@ -1,13 +1,21 @@
-"""Saved bytes against CPU step time: fxopt's ``memory_budget`` (fx and Inductor code
-generation) against Inductor's ``activation_memory_budget`` at the same fractions and
-per-block ``torch.utils.checkpoint``.
+"""Saved bytes against CPU step time: fxopt's ``memory_budget`` (its default code generator,
+and fx or Inductor forced) against Inductor's ``activation_memory_budget`` at the same
+fractions and per-block ``torch.utils.checkpoint``.
 
     PYTHONPATH=. python benchmarks/budget_frontier.py [--models gpt2 bert]
         [--budgets 0.7 0.5 0.3] [--rounds 7] [--layers 4] [--hidden 256] [--seq 128]
-        [--batch 4] [--png benchmarks/results/budget_frontier_cpu.png]
+        [--batch 4] [--curves "fxopt default" "fxopt fx" "fxopt inductor" inductor checkpoint]
+        [--tempo] [--png benchmarks/results/budget_frontier_cpu.png]
 
 The defaults are the benchmark suite's CPU size. The PNG needs matplotlib
 (``pip install -e ".[bench]"``); without it the script says so and writes the tables only.
+
+Curves (``--curves`` picks some; eager is always run, as the reference): ``fxopt default``
+(``codegen="auto"``, what a user gets: the code generator it chose is in the table's last
+column), ``fxopt fx`` and ``fxopt inductor`` (``codegen`` forced), ``inductor`` (plain
+``torch.compile`` with ``activation_memory_budget``), each without a budget and at every
+fraction; ``checkpoint`` (per-block ``torch.utils.checkpoint``) is one point. ``--tempo``
+turns tempo on in every fxopt configuration (the peers stay as they are).
 
 Per model (``budget_reach.build``: transformers' GPT-2 and BERT, dropout 0.1, eager
 attention; the 3-block MLP) every configuration is compiled and warmed up, its bytes
@@ -68,24 +76,38 @@ def _inductor(model: nn.Module) -> Callable:
     return torch.compile(model, backend=lambda gm, example_inputs: compile_fx(gm, example_inputs))
 
 
-def configurations(budgets: list[float]) -> dict[str, tuple[Callable, Callable]]:
-    """name -> (prepare(model) -> callable, context() around every call)."""
+CURVES = ("fxopt default", "fxopt fx", "fxopt inductor", "inductor")  # a line each
+CODEGEN = {"fxopt default": "auto", "fxopt fx": "fx", "fxopt inductor": "inductor"}
+
+
+def configurations(budgets: list[float], curves: list[str], tempo: bool
+                   ) -> dict[str, tuple[Callable, Callable]]:
+    """name -> (prepare(model) -> callable, context() around every call). An fxopt
+    configuration's callable has ``backend``: which code generator compiled its graphs."""
     null = contextlib.nullcontext
+
     def fxopt_compiled(codegen: str, **options) -> Callable:
-        return lambda m: torch.compile(m, backend=fxopt.backend(codegen=codegen, **options))
+        def prepare(model: nn.Module) -> Callable:
+            backend = fxopt.backend(codegen=codegen, strict=True, tempo=tempo or None,
+                                    **options)
+            compiled = torch.compile(model, backend=backend)
+            compiled.backend = backend
+            return compiled
+        return prepare
 
-    configs = {"eager": (lambda m: m, null), "checkpoint": (_checkpointed, null),
-               "fxopt": (fxopt_compiled("fx"), null),
-               "fxopt-inductor": (fxopt_compiled("inductor"), null),
-               "inductor": (_inductor, null)}
-    for f in budgets:
-        configs[f"fxopt {f}"] = (fxopt_compiled("fx", memory_budget=f), null)
-        configs[f"fxopt-inductor {f}"] = (fxopt_compiled("inductor", memory_budget=f), null)
-        configs[f"inductor {f}"] = (_inductor, lambda f=f: activation_memory_budget(f))
+    configs = {"eager": (lambda m: m, null)}
+    if "checkpoint" in curves:
+        configs["checkpoint"] = (_checkpointed, null)
+    for f in (None, *budgets):
+        for curve in (c for c in CURVES if c in curves):
+            name = curve if f is None else f"{curve} {f}"
+            if curve == "inductor":
+                configs[name] = (_inductor, null if f is None
+                                 else lambda f=f: activation_memory_budget(f))
+            else:
+                budget = {} if f is None else {"memory_budget": f}
+                configs[name] = (fxopt_compiled(CODEGEN[curve], **budget), null)
     return configs
-
-
-CURVES = ("fxopt", "fxopt-inductor", "inductor")  # a line each: no budget, then the budgets
 
 
 def run_model(name: str, args: argparse.Namespace
@@ -94,7 +116,8 @@ def run_model(name: str, args: argparse.Namespace
     fractions of eager's."""
     _, kwargs = build(name, args.hidden, args.seq, args.batch, args.layers)
     prepared = {}
-    for config, (prepare, context) in configurations(args.budgets).items():
+    for config, (prepare, context) in configurations(args.budgets, args.curves,
+                                                      args.tempo).items():
         began = time.perf_counter()
         model, _ = build(name, args.hidden, args.seq, args.batch, args.layers)
         fn = prepare(model)
@@ -107,11 +130,14 @@ def run_model(name: str, args: argparse.Namespace
             step()
         with context():
             saved = measure_saved_bytes(lambda fn=fn: loss_of(fn(**kwargs)), exclude=owned)
-        prepared[config] = (step, saved.bytes, [])
+        backend = getattr(fn, "backend", None)
+        codegen = ("/".join(sorted({g.options.codegen for g in backend.graphs}))
+                   if backend is not None else "")
+        prepared[config] = (step, saved.bytes, [], codegen)
         print(f"# {name} {config}: ready in {time.perf_counter() - began:.0f} s",
               file=sys.stderr, flush=True)
     for _ in range(args.rounds):
-        for step, _, times in prepared.values():
+        for step, _, times, _ in prepared.values():
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
@@ -120,19 +146,19 @@ def run_model(name: str, args: argparse.Namespace
     lines = [f"\n### {name} ({args.layers} layers, hidden {args.hidden}, seq {args.seq}, "
              f"batch {args.batch})\n",
              ("| configuration | saved bytes | x eager | step ms (median) | spread ms | "
-             "x eager time |"), "| --- | --- | --- | --- | --- | --- |"]
+              "x eager time | fxopt codegen |"), "| --- | --- | --- | --- | --- | --- | --- |"]
     points = {}
-    for config, (_, nbytes, times) in prepared.items():
+    for config, (_, nbytes, times, codegen) in prepared.items():
         median = statistics.median(times)
         points[config] = (nbytes / eager_bytes, median / eager_time)
         lines.append(f"| {config} | {nbytes:,} | {nbytes / eager_bytes:.3f} | "
                      f"{1e3 * median:.2f} | {1e3 * min(times):.2f}-{1e3 * max(times):.2f} | "
-                     f"{median / eager_time:.2f} |")
+                     f"{median / eager_time:.2f} | {codegen} |")
     return lines, points
 
 
 def plot(results: dict[str, dict[str, tuple[float, float]]], budgets: list[float],
-         path: str) -> None:
+         curves: list[str], path: str) -> None:
     """One panel per model: saved bytes (x eager) against step time (x eager), a line per
     curve (no budget, then each fraction), checkpoint and eager as points."""
     try:
@@ -147,14 +173,16 @@ def plot(results: dict[str, dict[str, tuple[float, float]]], budgets: list[float
     figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.5),
                                 squeeze=False)
     for axis, (name, points) in zip(axes[0], results.items()):
-        for curve, marker in zip(CURVES, "os^"):
+        for curve, marker in zip((c for c in CURVES if c in curves), "osv^"):
             configs = [curve, *(f"{curve} {f}" for f in budgets)]
             xs, ys = zip(*(points[c] for c in configs))
             axis.plot(xs, ys, marker=marker, label=curve)
-            for config, x, y in zip(configs, xs, ys):
-                axis.annotate(config.rsplit(" ", 1)[-1] if " " in config else "none", (x, y),
-                              fontsize=7, textcoords="offset points", xytext=(3, 3))
+            for label, x, y in zip(["none", *map(str, budgets)], xs, ys):
+                axis.annotate(label, (x, y), fontsize=7, textcoords="offset points",
+                              xytext=(3, 3))
         for config, marker in (("checkpoint", "x"), ("eager", "*")):
+            if config not in points:
+                continue
             axis.plot(*points[config], marker=marker, linestyle="", markersize=9, label=config)
         axis.set(title=name, xlabel="saved bytes (x eager)", ylabel="step time (x eager)")
         axis.grid(alpha=0.3)
@@ -173,6 +201,10 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--curves", nargs="+", default=[*CURVES, "checkpoint"],
+                        choices=[*CURVES, "checkpoint"])
+    parser.add_argument("--tempo", action="store_true",
+                        help="tempo=True in every fxopt configuration")
     parser.add_argument("--png", help="also draw the curves to this PNG (needs matplotlib)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -181,13 +213,14 @@ def main() -> None:
     # inside the timed rounds)
     torch._dynamo.config.recompile_limit = 64
     print(f"# budget_frontier: torch {torch.__version__}, CPU, 1 thread, {args.rounds} "
-          "interleaved rounds; saved bytes measured with saved-tensor hooks")
+          "interleaved rounds; saved bytes measured with saved-tensor hooks; fxopt strict"
+          + ("; tempo=True in every fxopt configuration" if args.tempo else ""))
     results = {}
     for name in args.models:
         lines, results[name] = run_model(name, args)
         print("\n".join(lines), flush=True)
     if args.png:
-        plot(results, args.budgets, args.png)
+        plot(results, args.budgets, args.curves, args.png)
 
 
 if __name__ == "__main__":

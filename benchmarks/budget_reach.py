@@ -252,7 +252,8 @@ def main() -> None:
         options = {**options_for(name, args.tempo, args.fuse_rnn),
                    **({"codegen": "inductor"} if args.codegen == "inductor" else {})}
         passes = "+".join(options) or "-"
-        with _compat.dynamo_allow_rnn():
+        # --codegen for every compile (codegen='auto' would take Inductor under a fraction)
+        with _compat.dynamo_allow_rnn(), fxopt.config.patch(codegen=args.codegen):
             reference = reference_step(model, kwargs, options)
             for budget in args.budgets:
                 row = measure(model, kwargs, budget, options, reference)

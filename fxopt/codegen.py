@@ -8,9 +8,22 @@ model), so "auto" takes Inductor there. On the CPU it was measured
 (benchmarks/codegen_auto.py, benchmarks/results/codegen_auto_cpu.md): Inductor compiles
 transformers 4-40x slower than fx code generation (GPT-2/BERT/Llama, 2-4 layers), for a step
 1.0-1.3x faster at issue 17's size (4 layers, hidden 256, batch 4 x 64) and 1.6-1.8x faster
-at the benchmark suite's tiny CPU sizes, where per-op overhead dominates. "auto" takes fx
-there, for the compile time that short CPU runs (tests, debugging, smoke benchmarks) are
-dominated by; a long CPU training run is faster with ``codegen="inductor"``.
+at the benchmark suite's tiny CPU sizes. Without a budget "auto" takes fx there, for the
+compile time that short CPU runs (tests, debugging, smoke benchmarks) are dominated by; a
+long CPU training run is faster with ``codegen="inductor"``.
+
+Under a fraction ``memory_budget`` "auto" takes Inductor on the CPU too: Inductor's
+budgeted min-cut (:mod:`fxopt.passes.swap_recompute.inductor_budget`) recomputes what it
+fuses, so it keeps fewer bytes in less step time than the fx path's plan, whose recomputed
+ops run one by one (benchmarks/budget_frontier.py, benchmarks/results/budget_frontier_cpu.md:
+GPT-2 at the suite's size keeps 0.36/0.28/0.17 of eager's bytes at 0.7/0.5/0.3 in
+0.87-0.92x eager's time, against fx's 0.63/0.45/0.26 in 0.92-1.05x). fx stays where that
+measurement does not carry over: with tempo on (tempo's ops are opaque extern kernels to
+Inductor, which then fuses less than the fx path runs: benchmarks/results/
+budget_frontier_tempo_cpu.md), with a saved ``plan`` (made for fx code generation by
+``fxopt plan``, replayed as made), with ``force_swap`` (it exercises the fx path's swap
+runtime), and under a byte budget (a bound on fxopt's predicted
+peak, which its fx simulation predicts; Inductor's fused buffers are modelled, not traced).
 """
 
 from __future__ import annotations
@@ -19,7 +32,10 @@ import torch
 
 from fxopt.config import Options
 
-__all__ = ["choose_codegen"]
+__all__ = ["choose_codegen", "FRACTION_EVIDENCE", "TEMPO_EVIDENCE"]
+
+FRACTION_EVIDENCE = "benchmarks/results/budget_frontier_cpu.md"
+TEMPO_EVIDENCE = "benchmarks/results/budget_frontier_tempo_cpu.md"
 
 
 def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
@@ -34,6 +50,16 @@ def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
     if device.type == "cuda":
         return "inductor", ("auto: on CUDA Inductor's fused kernels make the step faster "
                             "than fx's one kernel per op")
+    budget = options.memory_budget
+    if budget is not None and budget.fraction is not None:
+        if options.tempo in (True, "auto"):
+            return "fx", (f"auto: with tempo under a fraction memory_budget the fx path is "
+                          f"faster on {device.type.upper()} (tempo's ops are opaque to "
+                          f"Inductor; {TEMPO_EVIDENCE})")
+        if options.plan is None and not options.force_swap:
+            return "inductor", (f"auto: under a fraction memory_budget Inductor's budgeted "
+                                f"min-cut keeps fewer bytes in less step time than fx on "
+                                f"{device.type.upper()} ({FRACTION_EVIDENCE})")
     return "fx", (f"auto: on {device.type.upper()} fx compiles 4-40x faster than Inductor, "
                   "whose step is 1.0-1.8x faster (benchmarks/results/codegen_auto_cpu.md); "
                   "set codegen='inductor' for a long run")

@@ -1,6 +1,9 @@
 """codegen="auto", the default: fx code generation on the CPU, Inductor on CUDA (measured in
-benchmarks/results/codegen_auto_cpu.md), fx when fuse_elementwise is asked for; explain says
-which generator compiled each graph and why; "fx" and "inductor" force one."""
+benchmarks/results/codegen_auto_cpu.md), fx when fuse_elementwise is asked for, Inductor
+under a fraction memory_budget on the CPU too (benchmarks/results/budget_frontier_cpu.md)
+except where the fx path is kept (tempo, a saved plan, force_swap, a byte budget); explain
+says which generator compiled each graph and why; "fx" and "inductor" force one.
+tests/test_codegen_auto_budget.py runs the fraction's choice end to end."""
 
 import pytest
 import torch
@@ -20,6 +23,11 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
     ({"inductor_max_autotune": True}, CPU, "inductor"),  # asking for tuning asks for Inductor
     ({"codegen": "inductor"}, CPU, "inductor"),
     ({"codegen": "fx"}, CUDA, "fx"),
+    ({"memory_budget": 0.5}, CPU, "inductor"),  # Inductor's budgeted min-cut: fewer bytes
+    ({"memory_budget": "50%"}, CUDA, "inductor"),
+    ({"memory_budget": 0.5, "codegen": "fx"}, CPU, "fx"),
+    ({"memory_budget": "6GiB"}, CPU, "fx"),  # a bound on fx's simulated peak
+    ({"memory_budget": 0.5, "force_swap": True}, CPU, "fx"),  # the fx path's swap runtime
 ])
 def test_auto_picks_by_device_and_an_explicit_choice_wins(options, device, expected):
     chosen, reason = choose_codegen(config.resolve(options), device)
@@ -37,3 +45,12 @@ def test_default_is_auto_and_explain_says_what_it_chose_and_why():
     assert "code generation: fx (auto: on CPU" in str(report)
     assert report.fallbacks == [] and "fallbacks: none" in str(report)
 
+
+
+def test_a_fractions_reason_names_the_measurement_and_a_saved_plan_keeps_fx(tmp_path):
+    _, reason = choose_codegen(config.resolve({"memory_budget": 0.3}), CPU)
+    assert "budgeted min-cut" in reason and "budget_frontier_cpu.md" in reason
+    plan = tmp_path / "plan.json"  # replayed as `fxopt plan` made it, for fx code generation
+    plan.write_text("{}")
+    options = config.resolve({"memory_budget": 0.3, "plan": str(plan)})
+    assert choose_codegen(options, CPU)[0] == "fx"

@@ -80,7 +80,7 @@ def test_the_saved_plan_is_the_one_compilation_builds_and_replays(budget, tmp_pa
                  str(plan_path)]) == 0
     saved = Plan.load(plan_path).to_dict()
     assert saved["actions"]
-    solved, solved_grads = _compiled_step({"memory_budget": budget})
+    solved, solved_grads = _compiled_step({"codegen": "fx", "memory_budget": budget})
     replayed, replayed_grads = _compiled_step({"plan": str(plan_path)})
     assert solved.get("plan") and replayed.get("plan")
     # the same plan but for the graph's name (g0 here, Dynamo's there) and the solve's time
@@ -109,7 +109,7 @@ def test_a_model_with_a_graph_break_saves_one_plan_file_that_replays_each_graph(
                  if r.name == "swap_recompute"]
         return stats, [p.grad for p in model.parameters()]
 
-    solved, solved_grads = step({"memory_budget": 0.4})
+    solved, solved_grads = step({"codegen": "fx", "memory_budget": 0.4})
     replayed, replayed_grads = step({"plan": str(plan_path)})
     assert [s["plan"]["actions"] for s in solved] == [p.actions for p in saved]
     assert [s["plan"]["solver"] for s in replayed] == ["plan", "plan"]

@@ -18,7 +18,8 @@ from fxopt.debug.diff import Snapshot, diff_snapshots, load_dump, pass_steps
 def budget_dump(tmp_path_factory):
     root = tmp_path_factory.mktemp("budget")
     torch.manual_seed(0)
-    backend = Backend({"debug_dir": str(root), "memory_budget": 0.5, "strict": True})
+    backend = Backend({"debug_dir": str(root), "codegen": "fx", "memory_budget": 0.5,
+                       "strict": True})
     torch.compile(Block(), backend=backend)(torch.randn(2, 7, 32)).sum().backward()
     torch._dynamo.reset()
     (record,) = [r for g in backend.graphs for r in g.pass_records("swap_recompute")]

@@ -24,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 import fxopt
 
 VOCAB = 64
-CONFIGS = {"defaults": {}, "budget-0.5": {"memory_budget": 0.5}, "tempo": {"tempo": True}}
+CONFIGS = {"defaults": {}, "budget-0.5": {"codegen": "fx", "memory_budget": 0.5},
+           "tempo": {"tempo": True}}
 
 
 def gpt2() -> torch.nn.Module:

@@ -41,7 +41,7 @@ def test_graphs_share_one_budget_and_the_model_keeps_within_it(fraction):
     plain_model = BrokenMLP()
     plain = _saved_bytes(plain_model, x, lambda: plain_model(x))
     comparison = assert_same_as_eager(BrokenMLP(), (x,),
-                                     {"memory_budget": fraction})
+                                     {"codegen": "fx", "memory_budget": fraction})
     stats = [r.stats for r in comparison.passes if r.name == "swap_recompute"]
     assert len(stats) == 2 and comparison.fired("swap_recompute")
     first, second = stats
@@ -52,7 +52,7 @@ def test_graphs_share_one_budget_and_the_model_keeps_within_it(fraction):
     assert second["model_saved_bytes_after"] <= fraction * second["model_plain_saved_bytes"]
 
     model = BrokenMLP()
-    compiled = torch.compile(model, backend=fxopt.backend(memory_budget=fraction))
+    compiled = torch.compile(model, backend=fxopt.backend(codegen="fx", memory_budget=fraction))
     compiled(x)  # compiles both graphs
     measured = _saved_bytes(model, x, lambda: compiled(x))
     assert measured <= fraction * plain, (measured, plain)
@@ -69,7 +69,8 @@ def test_what_an_earlier_graph_leaves_unused_is_the_next_graphs():
 
 
 def test_explain_shows_each_graphs_share_of_the_models_budget():
-    report = fxopt.explain(BrokenMLP(), torch.randn(64, 48), options={"memory_budget": 0.5})
+    report = fxopt.explain(BrokenMLP(), torch.randn(64, 48), options={"codegen": "fx",
+                                                                      "memory_budget": 0.5})
     text = str(report)
     assert text.count("of the model's budget, graph") == 2, text
     assert "graph 1: the model keeps" in text and "graph 2: the model keeps" in text

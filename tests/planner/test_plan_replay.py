@@ -34,7 +34,8 @@ def _swap_recompute_stats(comparison):
 
 
 def _dumped_plan(tmp_path, x, budget, model=deep_mlp):
-    assert_same_as_eager(model(), (x,), {"memory_budget": budget, "debug_dir": str(tmp_path)})
+    assert_same_as_eager(model(), (x,), {"codegen": "fx", "memory_budget": budget,
+                                          "debug_dir": str(tmp_path)})
     (plan_file,) = tmp_path.glob("*/*swap_recompute.plan.json")
     return plan_file
 

@@ -34,7 +34,8 @@ def _targets(gm):
 def test_gradients_equal_eager_under_budgets(build, shape, budget):
     torch.manual_seed(1)
     comparison = assert_same_as_eager(build(), (torch.randn(*shape),),
-                                      {"memory_budget": budget, "strict": True}, steps=2)
+                                      {"codegen": "fx", "memory_budget": budget, "strict": True},
+                                      steps=2)
     record = _record(comparison)
     stats = record.stats
     if budget == 1.0:  # plain autograd's saved bytes are within the budget: nothing changes
@@ -58,7 +59,8 @@ def test_dropout_is_recomputed_from_its_forwards_rng_state():
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.5), nn.Linear(64, 64),
                           nn.GELU(), nn.Dropout(0.5), nn.Linear(64, 4))
     comparison = assert_same_as_eager(model, (torch.randn(128, 32),),
-                                      {"memory_budget": 0.2, "strict": True}, steps=2,
+                                      {"codegen": "fx", "memory_budget": 0.2, "strict": True},
+                                      steps=2,
                                       tolerances={torch.float32: (0.0, 0.0)})
     assert comparison.fired("swap_recompute")
     graph = comparison.graphs[0]
@@ -83,7 +85,7 @@ def test_measured_saved_bytes_respect_the_budgets_activation_share():
     assert plain == graph.memory["autograd"].activation_bytes
     measured = {}
     for budget in (0.9, 0.75):
-        saved, graph = _saved_bytes(deep_mlp(), x, {"memory_budget": budget})
+        saved, graph = _saved_bytes(deep_mlp(), x, {"codegen": "fx", "memory_budget": budget})
         (record,) = graph.pass_records("swap_recompute")
         assert record.fired and record.stats["feasible"]
         assert saved <= budget * plain
@@ -96,7 +98,8 @@ def test_lower_budget_never_keeps_more():
     plain, _ = _saved_bytes(deep_mlp(), x, {})
     saved = []
     for budget in (1.0, 0.9, 0.8, 0.7, 0.5, 0.3, 0.1):
-        nbytes, _ = _saved_bytes(deep_mlp(), x, {"memory_budget": budget, "strict": True})
+        nbytes, _ = _saved_bytes(deep_mlp(), x, {"codegen": "fx", "memory_budget": budget,
+                                                   "strict": True})
         assert nbytes <= budget * plain
         saved.append(nbytes)
     assert saved == sorted(saved, reverse=True) and saved[-1] < saved[0]
@@ -118,19 +121,20 @@ def test_below_the_floor_raises_under_strict_and_warns_once_otherwise():
     """Dropout's RNG state is kept whatever is recomputed: the floor is above 0."""
     x = torch.randn(4, 8)  # GELU's input is recomputed; the mask is smaller than its RNG state
     model = nn.Sequential(nn.Linear(8, 64), nn.GELU(), nn.Dropout(0.5), nn.Linear(64, 8))
-    _, graph = _saved_bytes(model, x, {"memory_budget": 1.0})
+    _, graph = _saved_bytes(model, x, {"codegen": "fx", "memory_budget": 1.0})
     with pytest.raises(RuntimeError, match="InfeasibleBudget") as info:  # Dynamo wraps it
-        _saved_bytes(model, x, {"memory_budget": 0.3, "strict": True})
+        _saved_bytes(model, x, {"codegen": "fx", "memory_budget": 0.3, "strict": True})
     floor = re.search(r"the floor, with everything recomputable recomputed, is ([0-9.]+) "
                       r"\(([0-9]+) bytes\)", str(info.value))
     assert floor and 0.3 < float(floor.group(1)) < 1.0
     with pytest.warns(UserWarning, match="applying the floor's plan") as caught:
-        _, graph = _saved_bytes(model, x, {"memory_budget": 0.3})
+        _, graph = _saved_bytes(model, x, {"codegen": "fx", "memory_budget": 0.3})
     assert len([w for w in caught if "floor" in str(w.message)]) == 1
     (record,) = graph.pass_records("swap_recompute")
     assert record.fired and not record.stats["feasible"]
     assert record.stats["saved_bytes_after"] == int(floor.group(2))
-    nbytes, _ = _saved_bytes(model, x, {"memory_budget": float(floor.group(1)) + 0.001,
+    nbytes, _ = _saved_bytes(model, x, {"codegen": "fx",
+                                        "memory_budget": float(floor.group(1)) + 0.001,
                                         "strict": True})
     assert nbytes == int(floor.group(2))
 
@@ -193,7 +197,8 @@ def test_prefetch_is_issued_ahead_of_its_wait():
 
 
 def test_explain_shows_each_saved_tensor_and_the_peak():
-    report = fxopt.explain(deep_mlp(), torch.randn(64, 48), options={"memory_budget": 0.9})
+    report = fxopt.explain(deep_mlp(), torch.randn(64, 48), options={"codegen": "fx",
+                                                                      "memory_budget": 0.9})
     text = str(report)
     assert "swap_recompute" in text and "predicted saved bytes" in text and "floor" in text
     assert "saved tensor" in text and "recompute" in text and "keep" in text

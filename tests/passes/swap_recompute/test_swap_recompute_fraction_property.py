@@ -52,7 +52,7 @@ def test_a_fraction_is_met_or_the_floor_is_warned_and_never_keeps_more_as_it_fal
     kept = []
     for budget in sorted(budgets, reverse=True):
         torch._dynamo.reset()
-        backend = fxopt.backend(memory_budget=budget)
+        backend = fxopt.backend(codegen="fx", memory_budget=budget)
         compiled = torch.compile(loss_fn, backend=backend)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

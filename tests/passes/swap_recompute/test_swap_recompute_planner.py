@@ -35,8 +35,8 @@ def test_the_planner_decides_by_default_and_the_heuristic_without_it(planner, so
 def test_a_dumped_plan_replays_without_a_budget(tmp_path, budget):
     x = torch.randn(64, 48)
     budget = _peak_budget(x) if budget == "byte" else budget
-    planned = assert_same_as_eager(deep_mlp(), (x,), {"memory_budget": budget, "strict": True,
-                                                      "debug_dir": str(tmp_path)})
+    planned = assert_same_as_eager(deep_mlp(), (x,), {"codegen": "fx", "memory_budget": budget,
+                                                      "strict": True, "debug_dir": str(tmp_path)})
     (plan_file,) = tmp_path.glob("*/*swap_recompute.plan.json")
     replayed = assert_same_as_eager(deep_mlp(), (x,), {"plan": str(plan_file)})
     assert replayed.fired("swap_recompute")

@@ -1,0 +1,63 @@
+"""codegen="auto" under a fraction ``memory_budget`` on the CPU: Inductor compiles, its
+budgeted min-cut fires within the fraction, the measured saved bytes are within it, every
+gradient equals eager's (dropout replayed with the forward's mask), and strict sees no
+fallback. Why Inductor: benchmarks/results/budget_frontier_cpu.md.
+
+Inductor calls eager's random ops here (``fallback_random``) so masks compare with eager's;
+its fused kernels round differently from eager's ops, so gradients agree to fp32 rounding.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxopt
+from fxopt.analysis import measure_saved_bytes
+
+# Inductor's fused kernels sum in another order than eager's aten ops: fp32 rounding of
+# sums over <= 64 terms, relative to the largest gradient entry.
+RTOL = torch.finfo(torch.float32).eps * 2**6
+FRACTION = 0.3
+
+
+class TinyDropoutMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(self.a(x), 0.3, True)
+        return self.b(F.gelu(h) * torch.sigmoid(h)).square().mean()
+
+
+def _step(model, compiled, x):
+    """Loss, gradients and measured saved bytes of one seeded step of ``compiled``."""
+    model.zero_grad(set_to_none=True)
+    holder = {}
+
+    def forward():
+        holder["loss"] = compiled(x)
+    torch.manual_seed(1)
+    saved = measure_saved_bytes(forward, exclude=[*model.parameters(), x]).bytes
+    holder["loss"].backward()
+    return holder["loss"].detach(), [p.grad.clone() for p in model.parameters()], saved
+
+
+def test_auto_under_a_fraction_compiles_with_inductor_within_the_budget():
+    torch.manual_seed(0)
+    model, x = TinyDropoutMLP(), torch.randn(32, 16)
+    eager_loss, eager_grads, plain = _step(model, model, x)
+    backend = fxopt.backend(memory_budget=FRACTION, strict=True)
+    compiled = torch.compile(model, backend=backend)
+    with torch._inductor.config.patch(fallback_random=True):
+        _step(model, compiled, x)  # compiles
+        loss, grads, saved = _step(model, compiled, x)
+    (graph,) = backend.graphs
+    assert graph.options.codegen == "inductor"
+    assert "budget_frontier_cpu.md" in graph.codegen_reason
+    (record,) = graph.pass_records("swap_recompute")
+    assert record.fired and record.stats["inductor"]["partition"] == "inductor min-cut"
+    assert saved <= FRACTION * plain * 1.05
+    for got, want in zip([loss, *grads], [eager_loss, *eager_grads], strict=True):
+        assert float((got - want).abs().max()) <= RTOL * float(want.abs().max())
+    assert graph.every_fallback() == []
