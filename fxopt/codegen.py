@@ -16,14 +16,18 @@ Under a fraction ``memory_budget`` "auto" takes Inductor on the CPU too: Inducto
 budgeted min-cut (:mod:`fxopt.passes.swap_recompute.inductor_budget`) recomputes what it
 fuses, so it keeps fewer bytes in less step time than the fx path's plan, whose recomputed
 ops run one by one (benchmarks/budget_frontier.py, benchmarks/results/budget_frontier_cpu.md:
-GPT-2 at the suite's size keeps 0.36/0.28/0.17 of eager's bytes at 0.7/0.5/0.3 in
-0.87-0.92x eager's time, against fx's 0.63/0.45/0.26 in 0.92-1.05x). fx stays where that
-measurement does not carry over: with tempo on (tempo's ops are opaque extern kernels to
-Inductor, which then fuses less than the fx path runs: benchmarks/results/
-budget_frontier_tempo_cpu.md), with a saved ``plan`` (made for fx code generation by
-``fxopt plan``, replayed as made), with ``force_swap`` (it exercises the fx path's swap
-runtime), and under a byte budget (a bound on fxopt's predicted
-peak, which its fx simulation predicts; Inductor's fused buffers are modelled, not traced).
+GPT-2 at the suite's size keeps 0.36/0.28/0.17 of eager's bytes at 0.7/0.5/0.3, Inductor's
+own points, where fx keeps 0.65/0.46/0.27 and is slower at each). fx stays where that
+measurement does not carry over:
+
+- tempo on: tempo's ops are opaque extern kernels to Inductor; with tempo under a fraction
+  Inductor's step was measured no faster (a tie within noise) for about the same bytes, and
+  fx compiles 3-8x faster (benchmarks/results/budget_frontier_tempo_cpu.md; to revisit
+  once tempo is Inductor-fusable);
+- a saved ``plan``: made by ``fxopt plan`` for fx code generation, replayed as made;
+- ``force_swap``: it exercises the fx path's swap runtime;
+- a byte budget: a bound on the predicted peak, which fxopt simulates on its fx graphs
+  and only models for Inductor's fused buffers.
 """
 
 from __future__ import annotations
@@ -53,9 +57,9 @@ def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
     budget = options.memory_budget
     if budget is not None and budget.fraction is not None:
         if options.tempo in (True, "auto"):
-            return "fx", (f"auto: with tempo under a fraction memory_budget the fx path is "
-                          f"faster on {device.type.upper()} (tempo's ops are opaque to "
-                          f"Inductor; {TEMPO_EVIDENCE})")
+            return "fx", (f"auto: with tempo under a fraction memory_budget Inductor's step "
+                          f"is no faster on {device.type.upper()} (tempo's ops are opaque to "
+                          f"it) and fx compiles 3-8x faster ({TEMPO_EVIDENCE})")
         if options.plan is None and not options.force_swap:
             return "inductor", (f"auto: under a fraction memory_budget Inductor's budgeted "
                                 f"min-cut keeps fewer bytes in less step time than fx on "

@@ -1,5 +1,6 @@
 """Issue 17's composition bar: with tempo, fuse_rnn and ``memory_budget=0.5`` (swap_recompute)
-on, ``strict=True`` and the default code generator (``codegen="auto"``: fx on the CPU),
+on, ``strict=True`` and the default code generator (``codegen="auto"``: fx on the CPU with
+tempo on, benchmarks/results/budget_frontier_tempo_cpu.md),
 transformers' GPT-2, BERT, Llama and ViT and an ``nn.LSTM`` language model train with no
 fallback, loss and every gradient bitwise equal to fxopt's with the same passes and no
 budget (the reference: tempo and fuse_rnn change the numerics, the budget's recomputation
