@@ -21,9 +21,11 @@ Per model (``budget_reach.build``: transformers' GPT-2 and BERT, dropout 0.1, ea
 attention; the 3-block MLP) every configuration is compiled and warmed up, its bytes
 kept for backward measured once (saved-tensor hooks; parameters, buffers and inputs
 excluded), then timed: one thread, ``--rounds`` rounds, each round one step (forward and
-backward, no optimizer) of every configuration in turn (interleaved), reporting the
-median and the spread (min-max). Prints a markdown table per model (pipe it to
-``benchmarks/results/``).
+backward, no optimizer) of every configuration in turn (interleaved, the order rotated by
+one each round), reporting the median and the spread (min-max), the median's ratio to
+eager's, and the paired ratio: the median over rounds of the step's time over eager's
+step in the same round, which cancels load that drifts between rounds (the PNG plots it).
+Prints a markdown table per model (pipe it to ``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -136,24 +138,27 @@ def run_model(name: str, args: argparse.Namespace
         prepared[config] = (step, saved.bytes, [], codegen)
         print(f"# {name} {config}: ready in {time.perf_counter() - began:.0f} s",
               file=sys.stderr, flush=True)
-    for _ in range(args.rounds):
-        for step, _, times, _ in prepared.values():
+    order = list(prepared.values())
+    for round_ in range(args.rounds):
+        for step, _, times, _ in order[round_ % len(order):] + order[:round_ % len(order)]:
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
-    eager_bytes = prepared["eager"][1]
-    eager_time = statistics.median(prepared["eager"][2])
+    eager_bytes, eager_times = prepared["eager"][1], prepared["eager"][2]
+    eager_time = statistics.median(eager_times)
     lines = [f"\n### {name} ({args.layers} layers, hidden {args.hidden}, seq {args.seq}, "
              f"batch {args.batch})\n",
              ("| configuration | saved bytes | x eager | step ms (median) | spread ms | "
-              "x eager time | fxopt codegen |"), "| --- | --- | --- | --- | --- | --- | --- |"]
+              "x eager time | x eager time, paired | fxopt codegen |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     points = {}
     for config, (_, nbytes, times, codegen) in prepared.items():
         median = statistics.median(times)
-        points[config] = (nbytes / eager_bytes, median / eager_time)
+        paired = statistics.median(t / e for t, e in zip(times, eager_times, strict=True))
+        points[config] = (nbytes / eager_bytes, paired)
         lines.append(f"| {config} | {nbytes:,} | {nbytes / eager_bytes:.3f} | "
                      f"{1e3 * median:.2f} | {1e3 * min(times):.2f}-{1e3 * max(times):.2f} | "
-                     f"{median / eager_time:.2f} | {codegen} |")
+                     f"{median / eager_time:.2f} | {paired:.2f} | {codegen} |")
     return lines, points
 
 
@@ -184,7 +189,8 @@ def plot(results: dict[str, dict[str, tuple[float, float]]], budgets: list[float
             if config not in points:
                 continue
             axis.plot(*points[config], marker=marker, linestyle="", markersize=9, label=config)
-        axis.set(title=name, xlabel="saved bytes (x eager)", ylabel="step time (x eager)")
+        axis.set(title=name, xlabel="saved bytes (x eager)",
+                 ylabel="step time (x eager, paired by round)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()

@@ -54,16 +54,30 @@ def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
     if device.type == "cuda":
         return "inductor", ("auto: on CUDA Inductor's fused kernels make the step faster "
                             "than fx's one kernel per op")
-    budget = options.memory_budget
-    if budget is not None and budget.fraction is not None:
-        if options.tempo in (True, "auto"):
-            return "fx", (f"auto: with tempo under a fraction memory_budget Inductor's step "
-                          f"is no faster on {device.type.upper()} (tempo's ops are opaque to "
-                          f"it) and fx compiles 3-8x faster ({TEMPO_EVIDENCE})")
-        if options.plan is None and not options.force_swap:
+    if options.memory_budget is not None or options.plan is not None:
+        kept = _fx_kept_under_budget(options, device)
+        if kept is None:
             return "inductor", (f"auto: under a fraction memory_budget Inductor's budgeted "
                                 f"min-cut keeps fewer bytes in less step time than fx on "
                                 f"{device.type.upper()} ({FRACTION_EVIDENCE})")
+        return "fx", f"auto: {kept}"
     return "fx", (f"auto: on {device.type.upper()} fx compiles 4-40x faster than Inductor, "
                   "whose step is 1.0-1.8x faster (benchmarks/results/codegen_auto_cpu.md); "
                   "set codegen='inductor' for a long run")
+
+
+def _fx_kept_under_budget(options: Options, device: torch.device) -> str | None:
+    """Why fx code generation stays under a budget or a saved plan (module doc), or None
+    where a fraction goes to Inductor's budgeted min-cut."""
+    if options.plan is not None:
+        return "a saved plan is replayed as `fxopt plan` made it, for fx code generation"
+    if options.force_swap:
+        return "force_swap exercises the fx path's swap runtime"
+    if options.memory_budget.fraction is None:
+        return ("a byte memory_budget bounds the predicted peak, which fxopt simulates on "
+                "its fx graphs (Inductor's fused buffers are only modelled)")
+    if options.tempo in (True, "auto"):
+        return (f"with tempo under a fraction memory_budget Inductor's step is no faster on "
+                f"{device.type.upper()} (tempo's ops are opaque to it) and fx compiles 3-8x "
+                f"faster ({TEMPO_EVIDENCE})")
+    return None

@@ -109,7 +109,8 @@ class Options:
                "*_swap_recompute.plan.json): replay its decisions instead of solving"})
     codegen: str = field(default="auto", metadata={
         "doc": "'auto' (Inductor on CUDA and, on the CPU, under a fraction memory_budget "
-               "without tempo; fx otherwise; explain says which and why), "
+               "without tempo, a saved plan or force_swap; fx otherwise; explain says which "
+               "and why), "
                "'fx' (fx Python calling aten ops and fxopt kernels) or 'inductor'"})
     strict: bool = field(default=False, metadata={
         "doc": "raise on a pass failure instead of warning and skipping that pass"})

@@ -1,11 +1,13 @@
 """Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM, and a
-wrapper that runs a model under bf16 autocast."""
+wrapper that runs a model under bf16 autocast; ``seeded_step``, one measured training step."""
 
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fxopt.analysis import measure_saved_bytes
 
 
 class MLP(nn.Module):
@@ -83,3 +85,18 @@ class BF16Autocast(nn.Module):
     def forward(self, *args):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return self.inner(*args)
+
+
+def seeded_step(model: nn.Module, compiled, x: torch.Tensor):
+    """Loss, gradients and measured saved bytes (saved-tensor hooks, parameters and input
+    excluded) of one step of ``compiled`` (``model`` or a compiled form of it), seeded so
+    that dropout draws the same masks in every call."""
+    model.zero_grad(set_to_none=True)
+    holder = {}
+
+    def forward():
+        holder["loss"] = compiled(x)
+    torch.manual_seed(1)
+    saved = measure_saved_bytes(forward, exclude=[*model.parameters(), x]).bytes
+    holder["loss"].backward()
+    return holder["loss"].detach(), [p.grad.clone() for p in model.parameters()], saved

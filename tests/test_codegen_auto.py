@@ -46,11 +46,16 @@ def test_default_is_auto_and_explain_says_what_it_chose_and_why():
     assert report.fallbacks == [] and "fallbacks: none" in str(report)
 
 
-
-def test_a_fractions_reason_names_the_measurement_and_a_saved_plan_keeps_fx(tmp_path):
+def test_a_fractions_reason_names_the_measurement_and_each_fx_case_says_why(tmp_path):
     _, reason = choose_codegen(config.resolve({"memory_budget": 0.3}), CPU)
     assert "budgeted min-cut" in reason and "budget_frontier_cpu.md" in reason
     plan = tmp_path / "plan.json"  # replayed as `fxopt plan` made it, for fx code generation
     plan.write_text("{}")
-    options = config.resolve({"memory_budget": 0.3, "plan": str(plan)})
-    assert choose_codegen(options, CPU)[0] == "fx"
+    for options, why in [({"plan": str(plan)}, "saved plan"),
+                         ({"force_swap": True}, "force_swap"),
+                         ({"tempo": True}, "budget_frontier_tempo_cpu.md"),
+                         ({"tempo": "auto"}, "budget_frontier_tempo_cpu.md")]:
+        chosen, reason = choose_codegen(config.resolve({"memory_budget": 0.3, **options}), CPU)
+        assert chosen == "fx" and why in reason, (options, reason)
+    chosen, reason = choose_codegen(config.resolve({"memory_budget": "6GiB"}), CPU)
+    assert chosen == "fx" and "byte memory_budget" in reason

@@ -9,10 +9,10 @@ its fused kernels round differently from eager's ops, so gradients agree to fp32
 
 import torch
 import torch.nn.functional as F
+from models import seeded_step
 from torch import nn
 
 import fxopt
-from fxopt.analysis import measure_saved_bytes
 
 # Inductor's fused kernels sum in another order than eager's aten ops: fp32 rounding of
 # sums over <= 64 terms, relative to the largest gradient entry.
@@ -30,28 +30,15 @@ class TinyDropoutMLP(nn.Module):
         return self.b(F.gelu(h) * torch.sigmoid(h)).square().mean()
 
 
-def _step(model, compiled, x):
-    """Loss, gradients and measured saved bytes of one seeded step of ``compiled``."""
-    model.zero_grad(set_to_none=True)
-    holder = {}
-
-    def forward():
-        holder["loss"] = compiled(x)
-    torch.manual_seed(1)
-    saved = measure_saved_bytes(forward, exclude=[*model.parameters(), x]).bytes
-    holder["loss"].backward()
-    return holder["loss"].detach(), [p.grad.clone() for p in model.parameters()], saved
-
-
 def test_auto_under_a_fraction_compiles_with_inductor_within_the_budget():
     torch.manual_seed(0)
     model, x = TinyDropoutMLP(), torch.randn(32, 16)
-    eager_loss, eager_grads, plain = _step(model, model, x)
+    eager_loss, eager_grads, plain = seeded_step(model, model, x)
     backend = fxopt.backend(memory_budget=FRACTION, strict=True)
     compiled = torch.compile(model, backend=backend)
     with torch._inductor.config.patch(fallback_random=True):
-        _step(model, compiled, x)  # compiles
-        loss, grads, saved = _step(model, compiled, x)
+        seeded_step(model, compiled, x)  # compiles
+        loss, grads, saved = seeded_step(model, compiled, x)
     (graph,) = backend.graphs
     assert graph.options.codegen == "inductor"
     assert "budget_frontier_cpu.md" in graph.codegen_reason

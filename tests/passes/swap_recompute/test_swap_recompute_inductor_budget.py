@@ -11,10 +11,10 @@ its fused kernels round differently from eager's ops, so gradients agree to fp32
 import pytest
 import torch
 import torch.nn.functional as F
+from models import seeded_step
 from torch import nn
 
 import fxopt
-from fxopt.analysis import measure_saved_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -41,19 +41,6 @@ class DropoutMLP(nn.Module):
         return self.c(torch.tanh(h) * h).square().mean()
 
 
-def _step(model, compiled, x):
-    """Loss, gradients and measured saved bytes of one seeded step of ``compiled``."""
-    model.zero_grad(set_to_none=True)
-    holder = {}
-
-    def forward():
-        holder["loss"] = compiled(x)
-    torch.manual_seed(1)
-    saved = measure_saved_bytes(forward, exclude=[*model.parameters(), x]).bytes
-    holder["loss"].backward()
-    return holder["loss"].detach(), [p.grad.clone() for p in model.parameters()], saved
-
-
 def _assert_close(got, want):
     for a, b in zip(got, want, strict=True):
         assert float((a - b).abs().max()) <= RTOL * float(b.abs().max())
@@ -63,12 +50,12 @@ def _assert_close(got, want):
 def test_budget_met_by_inductor_min_cut_with_replayed_dropout(graph_break):
     torch.manual_seed(0)
     model, x = DropoutMLP(graph_break), torch.randn(64, 32)
-    eager_loss, eager_grads, plain = _step(model, model, x)
+    eager_loss, eager_grads, plain = seeded_step(model, model, x)
     backend = fxopt.backend(memory_budget=0.2, codegen="inductor", strict=True)
     compiled = torch.compile(model, backend=backend)
     with torch._inductor.config.patch(fallback_random=True):
-        _step(model, compiled, x)  # compiles
-        loss, grads, saved = _step(model, compiled, x)
+        seeded_step(model, compiled, x)  # compiles
+        loss, grads, saved = seeded_step(model, compiled, x)
     # The ledger does not count what a graph saves of its inputs (here, after the break,
     # the (64, 64) activation graph 0 hands to graph 1, which graph 1's Linear saves):
     # they are placeholders of the joint graph, left out as caller-owned (a known gap).
