@@ -1,4 +1,5 @@
-"""Benchmark behind codegen="auto": fx vs Inductor code generation on the CPU.
+"""Benchmark behind codegen="auto" without a memory budget: fx vs Inductor code generation
+on the CPU (under a fraction budget see benchmarks/budget_frontier.py).
 
 For transformers' GPT-2, BERT and Llama (training mode, dropout on) it measures, per
 configuration, the training step time (forward + backward) and the compile time:

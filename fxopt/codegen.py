@@ -14,10 +14,14 @@ long CPU training run is faster with ``codegen="inductor"``.
 
 Under a fraction ``memory_budget`` "auto" takes Inductor on the CPU too: Inductor's
 budgeted min-cut (:mod:`fxopt.passes.swap_recompute.inductor_budget`) recomputes what it
-fuses, so it keeps fewer bytes in less step time than the fx path's plan, whose recomputed
-ops run one by one (benchmarks/budget_frontier.py, benchmarks/results/budget_frontier_cpu.md:
-GPT-2 at the suite's size keeps 0.36/0.28/0.17 of eager's bytes at 0.7/0.5/0.3, Inductor's
-own points, where fx keeps 0.65/0.46/0.27 and is slower at each). fx stays where that
+fuses, so it keeps fewer bytes than the fx path's plan, whose recomputed ops run one by one,
+and where it recomputes much it is also faster (benchmarks/budget_frontier.py,
+benchmarks/results/budget_frontier_cpu.md:
+GPT-2 at the suite's size keeps 0.36/0.29/0.17 of eager's bytes at 0.7/0.5/0.3, Inductor's
+own points, in 0.89/0.89/0.94x eager's step time, where fx keeps 0.65/0.46/0.27 in
+0.99/1.05/1.11x; BERT keeps 0.55 against fx's 0.62 at 0.7, about 6% slower, and the same
+bytes as fx at 0.5 and 0.3, the times a tie within noise). Its cost
+is compile time (about 40-80 s against fx's 5-12 s there). fx stays where that
 measurement does not carry over:
 
 - tempo on: tempo's ops are opaque extern kernels to Inductor; with tempo under a fraction
@@ -58,8 +62,9 @@ def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
         kept = _fx_kept_under_budget(options, device)
         if kept is None:
             return "inductor", (f"auto: under a fraction memory_budget Inductor's budgeted "
-                                f"min-cut keeps fewer bytes in less step time than fx on "
-                                f"{device.type.upper()} ({FRACTION_EVIDENCE})")
+                                f"min-cut keeps fewer bytes than fx's plan on "
+                                f"{device.type.upper()}, mostly in less step time "
+                                f"({FRACTION_EVIDENCE})")
         return "fx", f"auto: {kept}"
     return "fx", (f"auto: on {device.type.upper()} fx compiles 4-40x faster than Inductor, "
                   "whose step is 1.0-1.8x faster (benchmarks/results/codegen_auto_cpu.md); "
