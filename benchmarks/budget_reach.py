@@ -8,11 +8,11 @@ LSTM (a Python loop over an LSTM cell).
         [--models gpt2 bert llama t5 resnet vit mlp lstm handlstm] [--tempo] [--fuse-rnn] \
         [--codegen fx] [--suite-size]
 
-``--suite-size``: the benchmark suite's CPU size (4 layers, hidden 256, seq 128, batch 4)
-instead of the tiny one. ``--codegen inductor``: Inductor code generation; the reference
-is then fxopt with Inductor and no budget (Inductor's fused kernels round differently from
-eager's ops), and Inductor calls eager's random ops (``fallback_random``), so the masks
-are eager's.
+``--suite-size``: the benchmark suite's CPU size (4 layers, hidden 256, seq 128, batch 4;
+the image and LSTM models at the sizes :func:`suite_size` names) instead of the tiny one.
+``--codegen inductor``: Inductor code generation; the reference is then fxopt with
+Inductor and no budget (Inductor's fused kernels round differently from eager's ops), and
+Inductor calls eager's random ops (``fallback_random``), so the masks are eager's.
 
 For each model and fraction ``f`` it compiles with ``memory_budget=f, strict=True``, runs
 one forward under saved-tensor hooks (:func:`fxopt.analysis.measure_saved_bytes`;
@@ -84,9 +84,11 @@ MODELS = ("gpt2", "bert", "llama", "t5", "resnet", "vit", "mlp", "lstm", "handls
 RNN_MODELS = ("lstm", "handlstm")  # the models fuse_rnn applies to
 
 
-def _transformers_model(name: str, hidden: int, seq: int, layers: int = 2) -> nn.Module:
-    """A randomly initialised transformers model at ``layers`` layers (ResNet: 2 stages),
-    no download."""
+def _transformers_model(name: str, hidden: int, seq: int, layers: int = 2,
+                        image: int = 32) -> nn.Module:
+    """A randomly initialised transformers model at ``layers`` layers, no download. ResNet:
+    2 bottleneck stages of 16 and 32 channels at the tiny size (``layers`` 2), ResNet-18's
+    layout (basic blocks, 64-512 channels, 2 blocks a stage) otherwise."""
     import transformers as tf
 
     small = {"vocab_size": 97, "num_hidden_layers": layers, "num_attention_heads": 2,
@@ -105,16 +107,35 @@ def _transformers_model(name: str, hidden: int, seq: int, layers: int = 2) -> nn
         return tf.T5ForConditionalGeneration(tf.T5Config(
             vocab_size=97, d_model=hidden, d_kv=hidden // 2, d_ff=2 * hidden, num_layers=layers,
             num_heads=2, decoder_start_token_id=0, pad_token_id=0))
-    if name == "resnet":
+    if name == "resnet" and layers <= 2:
         return tf.ResNetForImageClassification(tf.ResNetConfig(
             embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10))
+    if name == "resnet":
+        return tf.ResNetForImageClassification(tf.ResNetConfig(
+            embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
+            layer_type="basic", num_labels=10))
     return tf.ViTForImageClassification(tf.ViTConfig(
-        **{k: v for k, v in small.items() if k != "vocab_size"}, image_size=32, patch_size=8,
-        num_labels=10))
+        **{k: v for k, v in small.items() if k != "vocab_size"}, image_size=image,
+        patch_size=8, num_labels=10))
 
 
-def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4, layers: int = 2
-          ) -> tuple[nn.Module, dict]:
+SUITE_SIZE = {"layers": 4, "hidden": 256, "seq": 128, "batch": 4}
+
+
+def suite_size(name: str) -> dict:
+    """``build``'s keywords at the benchmark suite's CPU size: transformers text models at 4
+    layers, hidden 256, seq 128, batch 4; ViT the same with 96x96 images in 8x8 patches (145
+    tokens); ResNet-18's layout at 64x64 images, batch 4; the LSTM LM hidden 256, seq 64,
+    batch 8; the hand-written LSTM hidden 256 (features 128), 32 steps, batch 4."""
+    if name in ("vit", "resnet"):
+        return {**SUITE_SIZE, "image": 96 if name == "vit" else 64}
+    if name == "lstm":
+        return {**SUITE_SIZE, "seq": 64, "batch": 8}
+    return SUITE_SIZE
+
+
+def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4, layers: int = 2,
+          image: int = 32) -> tuple[nn.Module, dict]:
     """The model (training mode) and its keyword inputs, at a tiny size by default."""
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(0)
@@ -126,11 +147,11 @@ def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4, layers: in
     if name == "handlstm":
         return HandLSTM(hidden // 2, hidden).train(), {
             "x": torch.randn(seq // 4, batch, hidden // 2, generator=data)}
-    model = _transformers_model(name, hidden, seq, layers)
+    model = _transformers_model(name, hidden, seq, layers, image)
     model.config._attn_implementation = "eager"
     model.config.use_cache = False  # training; a cache would grow when a block recomputes
     if name in ("resnet", "vit"):
-        pixels = torch.randn(batch, 3, 32, 32, generator=data)
+        pixels = torch.randn(batch, 3, image, image, generator=data)
         return model.train(), {"pixel_values": pixels,
                                "labels": torch.randint(0, 10, (batch,), generator=data)}
     return model.train(), {"input_ids": ids, "labels": ids}
@@ -236,9 +257,8 @@ def main() -> None:
                         help="fuse_rnn on as well (on the LSTM models)")
     parser.add_argument("--codegen", choices=("fx", "inductor"), default="fx")
     parser.add_argument("--suite-size", action="store_true",
-                        help="4 layers, hidden 256, seq 128, batch 4 (the suite's CPU size)")
+                        help="the benchmark suite's CPU size (see suite_size)")
     args = parser.parse_args()
-    size = {"layers": 4, "hidden": 256, "seq": 128, "batch": 4} if args.suite_size else {}
     if args.codegen == "inductor":
         torch._inductor.config.fallback_random = True  # eager's masks, so grads compare
     print(f"torch {torch.__version__}; kept = measured saved bytes / eager's; grads = loss and "
@@ -248,7 +268,7 @@ def main() -> None:
     print(f"{'model':<9}{'passes':<16}{'budget':>7}{'kept':>8}{'floor':>8}  grads   "
           f"{'rel':>8}  note")
     for name in args.models:
-        model, kwargs = build(name, **size)
+        model, kwargs = build(name, **(suite_size(name) if args.suite_size else {}))
         options = {**options_for(name, args.tempo, args.fuse_rnn),
                    **({"codegen": "inductor"} if args.codegen == "inductor" else {})}
         passes = "+".join(options) or "-"
