@@ -18,14 +18,19 @@ Inductor calls eager's random ops (``fallback_random``), so the masks are eager'
 For each model and fraction ``f`` it compiles with ``memory_budget=f, strict=True``, runs
 one forward under saved-tensor hooks (:func:`fxopt.analysis.measure_saved_bytes`;
 parameters, buffers and inputs excluded) and prints the bytes kept against eager autograd's
-(measured the same way), or the ``InfeasibleBudget`` message. It also checks that the loss
-and every gradient equal eager's bitwise (dropout included: the same seed in both runs).
+(measured the same way). A row says ``OVER f x 1.05`` where the bytes kept exceed that,
+and ``RISES as f falls`` where they exceed the next larger budget's. Where ``strict``
+raises ``InfeasibleBudget`` (f below the floor) the row is the run without ``strict``:
+the floor's plan, the warning's floor quoted, and kept checked against the floor x 1.05.
+It also checks that the loss and every gradient equal eager's bitwise (dropout included:
+the same seed in both runs).
 Measured bytes, not timings: the figures are the same on any CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -177,25 +182,33 @@ def step(model, kwargs, fn) -> tuple[torch.Tensor, list[torch.Tensor], int]:
     return holder["loss"].detach(), grads, saved.bytes
 
 
-def _caused_by_infeasible(error: BaseException | None) -> bool:
+def _infeasible_message(error: BaseException | None) -> str | None:
+    """The ``InfeasibleBudget`` message ``error`` carries (Dynamo wraps it), or None."""
     while error is not None:
-        if isinstance(error, InfeasibleBudget) or "InfeasibleBudget" in str(error):
-            return True
+        if isinstance(error, InfeasibleBudget):
+            return str(error).splitlines()[0]
+        text = str(error)
+        if "InfeasibleBudget" in text:
+            lines = [line for line in text.splitlines() if "swap_recompute cannot" in line]
+            return (lines or text.splitlines())[0]
         error = error.__cause__
-    return False
+    return None
 
 
 @dataclass
 class Row:
     """One model at one budget: measured fraction kept, the reported floor (largest over the
     model's graphs), whether loss and gradients equal the reference's bitwise and the
-    largest relative difference, or the ``InfeasibleBudget`` message."""
+    largest relative difference. Below the floor, ``strict`` raised: ``infeasible`` is
+    ``InfeasibleBudget``'s message and the figures are the run without ``strict``, which
+    applies the floor's plan with the ``warnings`` it gave."""
 
-    kept: float | None
+    kept: float
     floor: float | None
     bitwise: bool
     max_rel_diff: float
     infeasible: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def options_for(name: str, tempo: bool = False, fuse_rnn: bool = False) -> dict:
@@ -226,20 +239,14 @@ def _max_rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
                for a, b in zip(got, want))
 
 
-def measure(model, kwargs, budget: float, options: dict, reference) -> Row:
-    """Compile with ``memory_budget=budget, strict=True`` (and ``options``), run two steps
-    (the first compiles), compare the second with ``reference`` = (loss, grads, plain)."""
+def _run(model, kwargs, backend, reference) -> Row:
+    """Two steps under ``backend`` (the first compiles); the second against ``reference``
+    = (loss, grads, plain)."""
     ref_loss, ref_grads, plain = reference
     torch._dynamo.reset()
-    backend = fxopt.backend(memory_budget=budget, strict=True, **options)
     compiled = torch.compile(model, backend=backend)
-    try:
-        step(model, kwargs, compiled)
-        loss, grads, saved = step(model, kwargs, compiled)
-    except Exception as error:  # a report: anything not infeasible re-raises
-        if not _caused_by_infeasible(error):
-            raise
-        return Row(None, None, False, float("nan"), str(error).splitlines()[0])
+    step(model, kwargs, compiled)
+    loss, grads, saved = step(model, kwargs, compiled)
     if len(grads) != len(ref_grads):
         raise AssertionError(f"{len(grads)} gradients, the reference has {len(ref_grads)}")
     bitwise = bool(torch.equal(loss, ref_loss)
@@ -248,6 +255,40 @@ def measure(model, kwargs, budget: float, options: dict, reference) -> Row:
               for r in g.pass_records("swap_recompute")]
     floor = max((f for f in floors if f is not None), default=None)
     return Row(saved / plain, floor, bitwise, _max_rel_diff([loss, *grads], [ref_loss, *ref_grads]))
+
+
+def measure(model, kwargs, budget: float, options: dict, reference) -> Row:
+    """Compile with ``memory_budget=budget, strict=True`` (and ``options``) and measure; where
+    that raises ``InfeasibleBudget`` (below the floor), measure again without ``strict``,
+    recording the warnings: the floor's plan, warned once."""
+    try:
+        return _run(model, kwargs, fxopt.backend(memory_budget=budget, strict=True, **options),
+                    reference)
+    except Exception as error:  # a report: anything not infeasible re-raises
+        message = _infeasible_message(error)
+        if message is None:
+            raise
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        row = _run(model, kwargs, fxopt.backend(memory_budget=budget, **options), reference)
+    row.infeasible = message
+    row.warnings = tuple(str(w.message) for w in caught
+                         if "swap_recompute cannot" in str(w.message))
+    return row
+
+
+def _notes(row: Row, budget: float, kept_before: float | None) -> str:
+    """What a row breaks: kept above f x 1.05 (above the floor's x 1.05 where f is below
+    it), kept rising as f falls; below the floor what strict and the warning said."""
+    limit = max(budget, row.floor or 0.0) if row.infeasible is not None else budget
+    notes = "" if row.kept <= limit * 1.05 else "  OVER f x 1.05"
+    if kept_before is not None and row.kept > kept_before:
+        notes += "  RISES as f falls"
+    if row.infeasible is not None:
+        floor_said = [w[w.index("the floor"):] for w in row.warnings if "the floor" in w]
+        notes += (f"  below the floor: strict raised InfeasibleBudget; without strict "
+                  f"{len(row.warnings)} warning ({'; '.join(floor_said) or '-'})")
+    return notes
 
 
 def main() -> None:
@@ -276,17 +317,14 @@ def main() -> None:
         options["codegen"] = args.codegen  # pinned: "auto" may pick either under a budget
         with _compat.dynamo_allow_rnn():
             reference = reference_step(model, kwargs, options)
-            for budget in args.budgets:
+            kept_before = None  # the row of the next larger budget
+            for budget in sorted(args.budgets, reverse=True):
                 row = measure(model, kwargs, budget, options, reference)
-                if row.infeasible is not None:
-                    print(f"{name:<9}{passes:<16}{budget:>7}{'-':>8}{'':>8}  -       "
-                          f"{'':>8}  InfeasibleBudget: {row.infeasible[:90]}")
-                    continue
                 floor = f"{row.floor:.3f}" if row.floor is not None else "-"
-                within = "" if row.kept <= budget * 1.05 else "  OVER f x 1.05"
                 print(f"{name:<9}{passes:<16}{budget:>7}{row.kept:>8.3f}{floor:>8}  "
                       f"{'equal ' if row.bitwise else 'differ'}  {row.max_rel_diff:>8.1e}  "
-                      f"plain {reference[2]:,} B{within}")
+                      f"plain {reference[2]:,} B{_notes(row, budget, kept_before)}")
+                kept_before = row.kept
 
 
 if __name__ == "__main__":
