@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from fxopt import _compat, config
+from fxopt import _compat
 
 pytest.importorskip("transformers")
 
@@ -37,7 +37,6 @@ CASES = [*(pytest.param(name, 0.5, {}, id=f"{name}-0.5")
 
 
 @pytest.mark.parametrize("name, budget, options", CASES)
-@config.patch(codegen="fx")  # the fx path's plan (codegen="auto" takes Inductor under a fraction)
 def test_budget_is_met_with_eager_gradients(name, budget, options):
     model, kwargs = reach.build(name, hidden=32, seq=16, batch=2)
     with _compat.dynamo_allow_rnn():
