@@ -22,6 +22,10 @@ What a budget means, and who decides it:
   (the greedy solver's DELTA mode) or ``"greedy"``. A budget that cannot be met warns
   naming the lowest peak reached and returns that plan, or raises under ``strict``. A
   byte budget below the parameters and inputs warns that a fraction was probably meant.
+  The solvers optimise a timeline model; a recompute plan's predicted peak is the
+  compiled step's simulation (``StepProblem.simulate``, the memory model explain shows),
+  and a plan the simulation puts over the bound is solved again for less
+  (:func:`_simulation_checked`).
 - ``ledger``: the model's :class:`~fxopt.planner.ledger.BudgetLedger`: a fraction is then
   the model's, shared by its graphs (:mod:`fxopt.planner.ledger`), and the graph's share
   is recorded in it; ``share_bytes`` (from :func:`~fxopt.planner.ledger.
