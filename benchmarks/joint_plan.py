@@ -39,7 +39,6 @@ from fxopt.optim.model import offload_frontier
 from fxopt.passes.tempo.auto import tempo_variants
 from fxopt.planner import profile_for
 from fxopt.planner.search import predicted_seconds, quiet_plan
-from fxopt.planner.solvers.milp import lowest_peak_plan
 from fxopt.units import format_bytes
 
 SIZES["suite"] = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "positions": 256,
@@ -108,7 +107,9 @@ def run(name, hardware, rows):
     main = max(range(len(graphs)), key=lambda i: graphs[i][()].baseline_bytes)
     least_resident = min(resident_bytes(o, hardware)
                          for o in offload_frontier(subgroups, hardware))
-    low = min(lowest_peak_plan(p.activations).peak_bytes for p in graphs[main].values())
+    # the lowest peak the planner reaches (its plan for a 1-byte budget), as simulated
+    low = min(int(quiet_plan(p, MemoryBudget(bytes=1), hardware).predictions["peak_bytes"])
+              for p in graphs[main].values())
     high = graphs[main][()].keep_all_peak_bytes
     budgets = [int(low + least_resident + i * (high - low) / 5) + 1 for i in range(6)]
     for budget in budgets:

@@ -28,11 +28,12 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
-    "boxed_fx_callable", "copy_graph", "default_partition", "dynamo_traces_rnn",
+    "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_compile", "inductor_decompositions",
     "inductor_graph_context", "inductor_inference_passes", "inductor_partition",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
-    "op_alias_sets", "PARTITION_SEARCH", "size_hint", "tree_flatten", "tree_leaves", "tree_map",
+    "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "size_hint", "tree_flatten",
+    "tree_leaves", "tree_map",
 ]
 
 # What Dynamo records ``F.linear`` and ``F.gelu`` as: their C bindings.
@@ -43,6 +44,28 @@ NN_GELU = torch._C._nn.gelu
 def is_op_overload(target: Any) -> bool:
     """Whether a call_function target is an op overload (``aten.mm.default``, ``fxopt::*``)."""
     return isinstance(target, torch._ops.OpOverload)
+
+
+def call_kernel(op: Any, device_type: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Run an op overload's kernel for ``device_type`` (or its CompositeExplicitAutograd
+    one, where ``torch.library.custom_op`` registers a kernel for every device) directly,
+    below the dispatcher's Python key: a ``TorchDispatchMode`` that calls it from its
+    ``__torch_dispatch__`` with itself re-entered sees the ops the kernel runs inside."""
+    key = torch._C.DispatchKey.CPU if device_type == "cpu" else torch._C.DispatchKey.CUDA
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+        key = torch._C.DispatchKey.CompositeExplicitAutograd
+    return op._op_dk(key, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def modes_suspended() -> Iterator[None]:
+    """No dispatch mode active inside (a ``FakeTensorMode`` that is tracing the caller,
+    say): tensors made here are real, and ops run on them really run."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with unset_fake_temporarily(), _disable_current_modes():
+        yield
 
 
 @contextlib.contextmanager

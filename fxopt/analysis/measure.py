@@ -152,7 +152,9 @@ def run_step_graphs(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule,
     """One training step through partitioned graphs, as AOTAutograd's runtime runs it.
 
     Returns (forward outputs that are not saved, gradients); the caller holding them models
-    ``out`` and ``.grad``. Tangents are ones, allocated as the backward starts."""
+    ``out`` and ``.grad``. Tangents are ones, allocated as the backward starts; a scalar's
+    (a loss's root gradient) is held until the backward returns, as
+    ``torch.autograd.backward`` holds it."""
     bw_phs = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
     saved_phs = [p for p in bw_phs if not p.name.startswith("tangents")]
     tangent_phs = bw_phs[len(saved_phs):]
@@ -165,8 +167,12 @@ def run_step_graphs(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule,
     del outputs
     bw_args = [saved.pop(p.name) for p in saved_phs]
     saved.clear()
-    bw_args += [_ones_like_fake(p.meta["val"]) for p in tangent_phs]
+    tangents = [_ones_like_fake(p.meta["val"]) for p in tangent_phs]
+    bw_args += tangents
+    roots = [t for t in tangents if t.dim() == 0]  # held as torch.autograd.backward does
+    del tangents
     grads = run_graph(bw_gm, bw_args)
+    del roots
     return user_outputs, grads
 
 

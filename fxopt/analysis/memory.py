@@ -21,10 +21,17 @@ reproduces the step's live bytes. Rules:
   held by the caller to the end of the step (``loss`` while ``loss.backward()`` runs).
 - Saved values: the backward's placeholders not named ``tangents*``, matched to forward
   outputs by name (positionally as a fallback); they die at their last backward use.
-- Tangents are allocated as the backward starts; gradients the backward returns stay alive
-  to the end (they become ``.grad``).
-- Not modelled: kernel workspaces and allocator caching/fragmentation (this is bytes of
-  live tensors, what ``torch.cuda.memory_allocated`` reports, not ``reserved``).
+- Tangents are allocated as the backward starts and die at their last use, except a
+  scalar's: that is the root gradient ``loss.backward()`` made (the loss computed in the
+  graph), which ``torch.autograd.backward`` holds until the backward returns (4 bytes:
+  the difference between BERT's predicted and measured peaks when it was not counted).
+  Gradients the backward returns stay alive to the end (they become ``.grad``).
+- Workspace: the temporaries fxopt's custom ops (tempo's, fuse_rnn's) allocate and free
+  inside one call are live while that node runs (:mod:`fxopt.analysis.workspace`, measured
+  once per op signature): tempo's CPU GELU backward holds 3.1 MiB beside its 2 MiB output
+  at BERT's benchmark-suite size. Not modelled: aten kernels' own workspaces and allocator
+  caching/fragmentation (this is bytes of live tensors, what ``torch.cuda.memory_allocated``
+  reports, not ``reserved``).
 - ``codegen="inductor"``: Inductor's generated code does not store every node's value:
   pointwise values are computed inside the kernels that read them, and a kernel may write
   its output into an input that dies there (:func:`inductor_buffers`). Node by node, the
@@ -36,9 +43,10 @@ partitions a copy of the tagged joint graph as the compiler will and simulates t
 so the peak a plan predicts is the one explain reports for the compiled step.
 
 ``timeline`` holds, per executed node, the live bytes while it runs (its outputs allocated,
-its dead inputs not yet freed), labelled ``fw:<name>`` / ``bw:<name>``; ``peak_bytes`` is
-its maximum (or the baseline for an empty graph). All functions are pure: they read
-``node.meta["val"]`` and never change the graph.
+its dead inputs not yet freed, its workspace), labelled ``fw:<name>`` / ``bw:<name>``;
+``peak_bytes`` is its maximum (or the baseline for an empty graph). All functions are pure:
+they read ``node.meta["val"]`` and never change the graph (a workspace is measured on
+tensors of their own).
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from fxopt import _compat
 from fxopt.analysis.cost import is_view_op, node_cost, return_aliases
 from fxopt.analysis.shapes import storage_nbytes
+from fxopt.analysis.workspace import workspace_bytes
 
 __all__ = [
     "MemoryEstimate",
@@ -112,7 +121,7 @@ def estimate_step_memory(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule, *,
     for ph, src in saved_src.items():
         sim.alias(ph, src, alive_at=bw_start)  # dies at its last backward use
     sim.add_steps("bw", tangents + _compute_nodes(bw_gm))
-    sim.hold_to_end(_output_nodes(bw_gm))
+    sim.hold_to_end(_output_nodes(bw_gm) + _root_gradients(tangents))
     return sim.result(saved=list(saved_src.values()))
 
 
@@ -169,9 +178,17 @@ def estimate_joint_memory(joint_gm: fx.GraphModule, num_fwd_outputs: int) -> Mem
     sim.add_steps("fw", fw_nodes)
     sim.add_steps("bw", tangents + bw_nodes)
     # The first num_fwd_outputs outputs (held by the caller) and the gradients after them
-    # (held as .grad) both live to the end of the step, so they need no distinction here.
-    sim.hold_to_end(outputs)
+    # (held as .grad) both live to the end of the step, so they need no distinction here;
+    # so does the root gradient of a scalar loss.
+    sim.hold_to_end(outputs + _root_gradients(tangents))
     return sim.result(saved=saved)
+
+
+def _root_gradients(tangents: list[fx.Node]) -> list[fx.Node]:
+    """The tangents ``torch.autograd.backward`` holds to the end of the backward: a scalar
+    output's (the loss's root gradient; see the module doc)."""
+    return [t for t in tangents
+            if isinstance(t.meta.get("val"), torch.Tensor) and t.meta["val"].dim() == 0]
 
 
 # Inductor inlines a pointwise value into the kernels that read it unless this many read it
@@ -283,6 +300,7 @@ class _Simulation:
         self.held: list[fx.Node] = []
         self.unallocated: set[fx.Node] = set()      # values that never get a storage
         self.reuse: dict[fx.Node, fx.Node] = {}     # value -> the input whose storage it takes
+        self.workspace: dict[int, int] = {}         # step -> bytes its op holds inside its call
 
     def add_placeholders(self, nodes: list[fx.Node], *, caller_owned: bool) -> None:
         for n in nodes:
@@ -298,6 +316,8 @@ class _Simulation:
             self.steps.append((f"{prefix}:{n.name}", n))
             self.step_of[n] = index
             self.trees[n] = self._value_tree(n, index)
+            if extra := workspace_bytes(n):
+                self.workspace[index] = extra
 
     def hold_to_end(self, nodes: list[fx.Node]) -> None:
         self.held.extend(nodes)
@@ -329,7 +349,7 @@ class _Simulation:
         timeline, live = [], baseline
         for i, (label, _) in enumerate(self.steps):
             live += delta[i]
-            timeline.append((label, live))
+            timeline.append((label, live + self.workspace.get(i, 0)))
         peak_node, peak = max(timeline, key=lambda t: t[1], default=("", baseline))
         activations = {s for n in saved for s in _leaves(self.trees[n])} - self.caller_owned
         estimate = MemoryEstimate(

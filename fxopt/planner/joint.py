@@ -39,13 +39,18 @@ link) copies are timed at the profile's memory bandwidth.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
 from fxopt.analysis.cost import node_cost, return_aliases
-from fxopt.analysis.memory import MemoryEstimate, estimate_joint_memory
+from fxopt.analysis.memory import (
+    MemoryEstimate,
+    estimate_joint_memory,
+    estimate_partitioned_memory,
+)
 from fxopt.analysis.shapes import nbytes, storage_nbytes, tensor_values
 from fxopt.planner.activations import (
     ActivationChoice,
@@ -320,7 +325,20 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
         graph=name, fingerprint=tuple(graph_fingerprint(gm)), activations=activations,
         saved_bytes=saved, keep_all_peak_bytes=estimate.peak_bytes,
         baseline_bytes=estimate.baseline_bytes, activation_bytes=estimate.activation_bytes,
-        step_seconds=sum(analysis.step_seconds), fraction_bounds_peak=force_swap)
+        step_seconds=sum(analysis.step_seconds), fraction_bounds_peak=force_swap,
+        simulate=None if force_swap else _simulator(gm, analysis, num_fwd_outputs, codegen))
+
+
+def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int,
+               codegen: str) -> Callable[[Mapping[str, str]], int]:
+    """Actions -> the peak of the step they compile to: a copy of ``gm`` with their
+    recompute chains tagged, partitioned as the compiler will and simulated
+    (:func:`~fxopt.analysis.memory.estimate_partitioned_memory`, what explain shows)."""
+    def simulate(actions: Mapping[str, str]) -> int:
+        tagged = [n.name for name in actions for n in group_chain(analysis, name)[0]]
+        return estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,
+                                           recompute=tagged).peak_bytes
+    return simulate
 
 
 def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
