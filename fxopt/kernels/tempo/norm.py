@@ -121,10 +121,9 @@ def _grad_like(grad: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor | Non
 
 # --- LayerNorm --------------------------------------------------------------------------
 
-@torch.library.custom_op("fxopt::tempo_layer_norm", mutates_args=())
-def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
-                     bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                       bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dims (``n`` elements per row), in fp32, y in ``out_dtype``.
     Returns (y, rstd [rows], guarded x_hat [rows, capacity], guarded columns)."""
     rows = _rows(x, n)
@@ -137,17 +136,24 @@ def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
     return y.to(out_dtype).view(x.shape), rstd.view(-1), guard_xhat, guard
 
 
+@torch.library.custom_op("fxopt::tempo_layer_norm", mutates_args=())
+def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`layer_norm_forward` as an op opaque to tracing."""
+    return layer_norm_forward(x, n, weight, bias, eps, out_dtype)
+
+
 @tempo_layer_norm.register_fake
 def _(x, n, weight, bias, eps, out_dtype):
     return _fake_outputs(x, n, out_dtype)
 
 
-@torch.library.custom_op("fxopt::tempo_layer_norm_backward", mutates_args=())
-def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
-                              guard_xhat: torch.Tensor, guard_index: torch.Tensor,
-                              weight: torch.Tensor | None, bias: torch.Tensor | None
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx in fp32 rows, dweight, dbias) of :func:`tempo_layer_norm` from its outputs."""
+def layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                        guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                        weight: torch.Tensor | None, bias: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx in fp32 rows, dweight, dbias) of :func:`layer_norm_forward` from its outputs."""
     n = y.numel() // rstd.numel()
     w, b = _vector(weight, n, 1.0, y), _vector(bias, n, 0.0, y)
     xhat = _xhat_from_output(y, w, b, guard_xhat, guard_index)
@@ -161,6 +167,15 @@ def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Ten
     if weight is None:
         return dx, dweight, dbias
     return (*_nan_if_unguarded((dx, dweight), w, b, y.dtype), dbias)
+
+
+@torch.library.custom_op("fxopt::tempo_layer_norm_backward", mutates_args=())
+def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                              guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                              weight: torch.Tensor | None, bias: torch.Tensor | None
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`layer_norm_backward` as an op opaque to tracing."""
+    return layer_norm_backward(dy, y, rstd, guard_xhat, guard_index, weight, bias)
 
 
 @tempo_layer_norm_backward.register_fake
@@ -190,13 +205,12 @@ tempo_layer_norm.register_autograd(_layer_norm_backward, setup_context=_layer_no
 
 # --- RMSNorm ----------------------------------------------------------------------------
 
-@torch.library.custom_op("fxopt::tempo_rms_norm", mutates_args=())
-def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
-                   round_before_weight: bool, out_dtype: torch.dtype
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def rms_norm_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                     round_before_weight: bool, out_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dims, in fp32, y in ``out_dtype``. ``round_before_weight``
     rounds the normalized input to x's dtype before the weight multiplies it, as Llama's
-    hand-written RMSNorm does. Returns what :func:`tempo_layer_norm` returns."""
+    hand-written RMSNorm does. Returns what :func:`layer_norm_forward` returns."""
     xhat, rstd = _rms_normalize(x, n, eps)
     if round_before_weight:
         xhat = xhat.to(x.dtype).float()
@@ -207,17 +221,23 @@ def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: fl
     return y, rstd, xhat[:, guard].contiguous(), guard
 
 
+@torch.library.custom_op("fxopt::tempo_rms_norm", mutates_args=())
+def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                   round_before_weight: bool, out_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm_forward` as an op opaque to tracing."""
+    return rms_norm_forward(x, n, weight, eps, round_before_weight, out_dtype)
+
+
 @tempo_rms_norm.register_fake
 def _(x, n, weight, eps, round_before_weight, out_dtype):
     return _fake_outputs(x, n, out_dtype)
 
 
-@torch.library.custom_op("fxopt::tempo_rms_norm_backward", mutates_args=())
-def tempo_rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
-                            guard_xhat: torch.Tensor, guard_index: torch.Tensor,
-                            weight: torch.Tensor | None
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx in fp32 rows, dweight) of :func:`tempo_rms_norm` from its outputs."""
+def rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                      guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                      weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in fp32 rows, dweight) of :func:`rms_norm_forward` from its outputs."""
     n = y.numel() // rstd.numel()
     w = _vector(weight, n, 1.0, y)
     xhat = _xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
@@ -225,6 +245,15 @@ def tempo_rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tenso
     if weight is None:
         return dx, dweight
     return _nan_if_unguarded((dx, dweight), w, None, y.dtype)
+
+
+@torch.library.custom_op("fxopt::tempo_rms_norm_backward", mutates_args=())
+def tempo_rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                            guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                            weight: torch.Tensor | None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm_backward` as an op opaque to tracing."""
+    return rms_norm_backward(dy, y, rstd, guard_xhat, guard_index, weight)
 
 
 @tempo_rms_norm_backward.register_fake
