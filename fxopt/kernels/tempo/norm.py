@@ -27,6 +27,7 @@ The computation is in fp32; y has the dtype the replaced code's output had.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -86,6 +87,10 @@ def _vector(t: torch.Tensor | None, n: int, fill: float, like: torch.Tensor) -> 
     if t is None:
         return torch.full((n,), fill, dtype=torch.float32, device=like.device)
     return t.reshape(n).float()
+
+
+XhatFromOutput = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor], torch.Tensor]
 
 
 def _xhat_from_output(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -151,12 +156,14 @@ def _(x, n, weight, bias, eps, out_dtype):
 
 def layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
                         guard_xhat: torch.Tensor, guard_index: torch.Tensor,
-                        weight: torch.Tensor | None, bias: torch.Tensor | None
+                        weight: torch.Tensor | None, bias: torch.Tensor | None,
+                        xhat_from_output: XhatFromOutput = _xhat_from_output
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx in fp32 rows, dweight, dbias) of :func:`layer_norm_forward` from its outputs."""
+    """(dx in fp32 rows, dweight, dbias) of :func:`layer_norm_forward` from its outputs;
+    ``xhat_from_output(y, weight, bias, guard_xhat, guard_index)`` rebuilds x_hat."""
     n = y.numel() // rstd.numel()
     w, b = _vector(weight, n, 1.0, y), _vector(bias, n, 0.0, y)
-    xhat = _xhat_from_output(y, w, b, guard_xhat, guard_index)
+    xhat = xhat_from_output(y, w, b, guard_xhat, guard_index)
     # ATen's fused LayerNorm backward given x_hat as the input with mean 0 and rstd 1
     # gives rstd-free dx (the projection of g = dy * gamma), dgamma and dbeta exactly
     rows = rstd.numel()
@@ -236,11 +243,14 @@ def _(x, n, weight, eps, round_before_weight, out_dtype):
 
 def rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
                       guard_xhat: torch.Tensor, guard_index: torch.Tensor,
-                      weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx in fp32 rows, dweight) of :func:`rms_norm_forward` from its outputs."""
+                      weight: torch.Tensor | None,
+                      xhat_from_output: XhatFromOutput = _xhat_from_output
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in fp32 rows, dweight) of :func:`rms_norm_forward` from its outputs (x_hat as
+    :func:`layer_norm_backward` rebuilds it)."""
     n = y.numel() // rstd.numel()
     w = _vector(weight, n, 1.0, y)
-    xhat = _xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
+    xhat = xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
     dx, dweight = _rms_norm_backward_rows(dy, xhat, rstd, w)
     if weight is None:
         return dx, dweight
