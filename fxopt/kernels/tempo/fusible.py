@@ -35,14 +35,20 @@ __all__ = ["fusible_form", "pack_bits_fusible", "unpack_bits_fusible"]
 
 
 def pack_bits_fusible(mask: torch.Tensor) -> torch.Tensor:
-    """:func:`~fxopt.kernels.tempo.bitmask.pack_bits`'s layout by shifts and a sum (no
-    dtype-changing views, which Inductor cannot fuse)."""
+    """:func:`~fxopt.kernels.tempo.bitmask.pack_bits`'s layout by shifts and ors of the 8
+    lanes (no dtype-changing views, which Inductor cannot fuse): a pointwise kernel over the
+    packed bytes. Written as a sum over a [bytes, 8] dimension instead, Inductor's C++
+    backend made it a vector reduction per byte: 69 ms against 1.3 ms for GELU's forward on
+    512Ki elements, one thread."""
     flat = mask.reshape(-1).to(torch.uint8)
     padding = packed_size(flat.numel()) * 8 - flat.numel()
     if padding:
         flat = F.pad(flat, (0, padding))
-    shifts = torch.arange(8, device=flat.device, dtype=torch.uint8)
-    return (flat.view(-1, 8) << shifts).sum(1, dtype=torch.uint8)
+    lanes = flat.view(-1, 8)
+    packed = lanes[:, 0]
+    for bit in range(1, 8):
+        packed = packed | (lanes[:, bit] << bit)
+    return packed
 
 
 def unpack_bits_fusible(packed: torch.Tensor, shape: torch.Size) -> torch.Tensor:
