@@ -1,8 +1,9 @@
 """Tempo's ops in a form Inductor can fuse: autograd Functions written in aten ops only.
 
 Under ``codegen="inductor"`` the tempo pass inserts these instead of the ``fxopt::tempo_*``
-custom ops, which Inductor can only call as opaque extern kernels (measured 1.09-1.26x
-plain ``torch.compile``'s step on the CPU, benchmarks/results/fast_path_cpu.md).
+custom ops, which Inductor can only call as opaque extern kernels (measured on the CPU:
+1.07-1.26x plain ``torch.compile``'s step with those, 0.97-1.04x with these;
+benchmarks/results/fast_path_tempo_inductor_cpu.md).
 AOTAutograd traces each Function's forward and backward into the joint graph, so Inductor
 generates fused C++/Triton kernels around and through them. Each computes what its custom
 op computes and hands backward the same tensors: the output and a bit-packed mask (GELU,
@@ -10,11 +11,13 @@ attention), the output, rstd and the guarded columns (norms). Which of them are 
 then the partitioner's choice; ``benchmarks/fast_path.py`` measures that tempo's cut
 survives it (the ``saved`` column).
 
-Differences from the custom ops, for fusion only: masks are packed by shift-and-sum
-(:func:`pack_bits_fusible`) and read back by shift-and-mask, and GELU's backward reads the
-same dense derivative table as the CPU reference (``gelu._dense_table``: two gathers, which
-Inductor turns into indirect loads inside the fused kernel), unchunked, since a fused
-kernel has no temporaries to bound. The table enters the traced graph as a constant.
+Differences from the custom ops, for fusion only: masks are packed by shift-and-or
+(:func:`pack_bits_fusible`) and read back by shift-and-mask, the norms rebuild x_hat
+through a one-hot matrix of the guarded columns (recomputable, see ``_xhat_from_output``),
+and GELU's backward reads the same dense derivative table as the CPU reference
+(``gelu._dense_table``: two gathers, which Inductor turns into indirect loads inside the
+fused kernel), unchunked, since a fused kernel has no temporaries to bound. The table
+enters the traced graph as a constant.
 """
 
 from __future__ import annotations
