@@ -43,7 +43,9 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# this checkout's fxopt (not an editable install's elsewhere), and codegen_auto beside us
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
 from codegen_auto import build, step  # noqa: E402
 
 import fxopt  # noqa: E402

@@ -21,13 +21,47 @@ is opaque to autocast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from fxopt._compat import softmax_backward
 from fxopt.kernels.tempo.bitmask import pack_bits, packed_size, unpack_bits
 
-__all__ = ["tempo_softmax_dropout_matmul"]
+__all__ = ["attention_backward", "attention_forward", "tempo_softmax_dropout_matmul"]
+
+
+def attention_forward(scores: torch.Tensor, v: torch.Tensor, dim: int, p: float,
+                      softmax_dtype: torch.dtype, probs_dtype: torch.dtype,
+                      out_dtype: torch.dtype,
+                      pack: Callable[[torch.Tensor], torch.Tensor]
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dropout(softmax(scores, dim)) @ v, S, the mask ``probs != 0`` packed by ``pack``)."""
+    s = torch.softmax(scores, dim, dtype=softmax_dtype)
+    probs = s.to(probs_dtype)
+    if p > 0:
+        probs = F.dropout(probs, p, training=True)
+        packed = pack(probs != 0)
+    else:
+        packed = scores.new_empty((0,), dtype=torch.uint8)
+    return torch.matmul(probs.to(out_dtype), v.to(out_dtype)), s, packed
+
+
+def attention_backward(dout: torch.Tensor, s: torch.Tensor, mask: torch.Tensor | None,
+                       v: torch.Tensor, dim: int, p: float, probs_dtype: torch.dtype,
+                       scores_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dscores, dv) from S, the dropout mask (bool, None when p == 0) and v."""
+    probs = s.to(probs_dtype)
+    if p > 0:  # eager's dropout on the CPU multiplies by noise = mask / (1 - p): the same
+        noise = mask.to(probs.dtype) / (1.0 - p)
+        probs = probs * noise
+    dv = torch.matmul(probs.to(dout.dtype).transpose(-2, -1), dout).to(v.dtype)
+    dprobs = torch.matmul(dout, v.to(dout.dtype).transpose(-2, -1)).to(probs_dtype)
+    if p > 0:
+        dprobs = dprobs * noise
+    dscores = softmax_backward(dprobs.to(s.dtype), s, dim, s.dtype)
+    return dscores.to(scores_dtype), dv
 
 
 @torch.library.custom_op("fxopt::tempo_softmax_dropout_matmul", mutates_args=(),
@@ -37,15 +71,9 @@ def tempo_softmax_dropout_matmul(scores: torch.Tensor, v: torch.Tensor, dim: int
                                  out_dtype: torch.dtype
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dropout(softmax(scores, dim)) @ v, S, packed mask); p == 0 means no dropout."""
-    s = torch.softmax(scores, dim, dtype=softmax_dtype).contiguous()
-    probs = s.to(probs_dtype)
-    if p > 0:
-        probs = F.dropout(probs, p, training=True)
-        packed = pack_bits(probs != 0)
-    else:
-        packed = scores.new_empty((0,), dtype=torch.uint8)
-    out = torch.matmul(probs.to(out_dtype), v.to(out_dtype))
-    return out.contiguous(), s, packed
+    out, s, packed = attention_forward(scores, v, dim, p, softmax_dtype, probs_dtype,
+                                       out_dtype, pack_bits)
+    return out.contiguous(), s.contiguous(), packed
 
 
 @tempo_softmax_dropout_matmul.register_fake
@@ -63,16 +91,9 @@ def tempo_softmax_dropout_matmul_backward(
         p: float, probs_dtype: torch.dtype, scores_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dscores, dv) of :func:`tempo_softmax_dropout_matmul` from S, the mask and v."""
-    probs = s.to(probs_dtype)
-    if p > 0:  # eager's dropout on the CPU multiplies by noise = mask / (1 - p): the same
-        noise = unpack_bits(packed, probs.shape).to(probs.dtype).div_(1.0 - p)
-        probs = probs * noise
-    dv = torch.matmul(probs.to(dout.dtype).transpose(-2, -1), dout).to(v.dtype)
-    dprobs = torch.matmul(dout, v.to(dout.dtype).transpose(-2, -1)).to(probs_dtype)
-    if p > 0:
-        dprobs = dprobs * noise
-    dscores = softmax_backward(dprobs.to(s.dtype), s, dim, s.dtype)
-    return dscores.to(scores_dtype).contiguous(), dv.contiguous()
+    mask = unpack_bits(packed, s.shape) if p > 0 else None
+    dscores, dv = attention_backward(dout, s, mask, v, dim, p, probs_dtype, scores_dtype)
+    return dscores.contiguous(), dv.contiguous()
 
 
 @tempo_softmax_dropout_matmul_backward.register_fake

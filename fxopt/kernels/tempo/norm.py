@@ -27,6 +27,7 @@ The computation is in fp32; y has the dtype the replaced code's output had.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -88,6 +89,10 @@ def _vector(t: torch.Tensor | None, n: int, fill: float, like: torch.Tensor) -> 
     return t.reshape(n).float()
 
 
+XhatFromOutput = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor], torch.Tensor]
+
+
 def _xhat_from_output(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                       guard_xhat: torch.Tensor, guard_index: torch.Tensor) -> torch.Tensor:
     n = weight.numel()
@@ -121,10 +126,9 @@ def _grad_like(grad: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor | Non
 
 # --- LayerNorm --------------------------------------------------------------------------
 
-@torch.library.custom_op("fxopt::tempo_layer_norm", mutates_args=())
-def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
-                     bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                       bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dims (``n`` elements per row), in fp32, y in ``out_dtype``.
     Returns (y, rstd [rows], guarded x_hat [rows, capacity], guarded columns)."""
     rows = _rows(x, n)
@@ -137,20 +141,29 @@ def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
     return y.to(out_dtype).view(x.shape), rstd.view(-1), guard_xhat, guard
 
 
+@torch.library.custom_op("fxopt::tempo_layer_norm", mutates_args=())
+def tempo_layer_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`layer_norm_forward` as an op opaque to tracing."""
+    return layer_norm_forward(x, n, weight, bias, eps, out_dtype)
+
+
 @tempo_layer_norm.register_fake
 def _(x, n, weight, bias, eps, out_dtype):
     return _fake_outputs(x, n, out_dtype)
 
 
-@torch.library.custom_op("fxopt::tempo_layer_norm_backward", mutates_args=())
-def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
-                              guard_xhat: torch.Tensor, guard_index: torch.Tensor,
-                              weight: torch.Tensor | None, bias: torch.Tensor | None
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx in fp32 rows, dweight, dbias) of :func:`tempo_layer_norm` from its outputs."""
+def layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                        guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                        weight: torch.Tensor | None, bias: torch.Tensor | None,
+                        xhat_from_output: XhatFromOutput = _xhat_from_output
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx in fp32 rows, dweight, dbias) of :func:`layer_norm_forward` from its outputs;
+    ``xhat_from_output(y, weight, bias, guard_xhat, guard_index)`` rebuilds x_hat."""
     n = y.numel() // rstd.numel()
     w, b = _vector(weight, n, 1.0, y), _vector(bias, n, 0.0, y)
-    xhat = _xhat_from_output(y, w, b, guard_xhat, guard_index)
+    xhat = xhat_from_output(y, w, b, guard_xhat, guard_index)
     # ATen's fused LayerNorm backward given x_hat as the input with mean 0 and rstd 1
     # gives rstd-free dx (the projection of g = dy * gamma), dgamma and dbeta exactly
     rows = rstd.numel()
@@ -161,6 +174,15 @@ def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Ten
     if weight is None:
         return dx, dweight, dbias
     return (*_nan_if_unguarded((dx, dweight), w, b, y.dtype), dbias)
+
+
+@torch.library.custom_op("fxopt::tempo_layer_norm_backward", mutates_args=())
+def tempo_layer_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                              guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                              weight: torch.Tensor | None, bias: torch.Tensor | None
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`layer_norm_backward` as an op opaque to tracing."""
+    return layer_norm_backward(dy, y, rstd, guard_xhat, guard_index, weight, bias)
 
 
 @tempo_layer_norm_backward.register_fake
@@ -190,13 +212,12 @@ tempo_layer_norm.register_autograd(_layer_norm_backward, setup_context=_layer_no
 
 # --- RMSNorm ----------------------------------------------------------------------------
 
-@torch.library.custom_op("fxopt::tempo_rms_norm", mutates_args=())
-def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
-                   round_before_weight: bool, out_dtype: torch.dtype
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def rms_norm_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                     round_before_weight: bool, out_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dims, in fp32, y in ``out_dtype``. ``round_before_weight``
     rounds the normalized input to x's dtype before the weight multiplies it, as Llama's
-    hand-written RMSNorm does. Returns what :func:`tempo_layer_norm` returns."""
+    hand-written RMSNorm does. Returns what :func:`layer_norm_forward` returns."""
     xhat, rstd = _rms_normalize(x, n, eps)
     if round_before_weight:
         xhat = xhat.to(x.dtype).float()
@@ -207,9 +228,33 @@ def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: fl
     return y, rstd, xhat[:, guard].contiguous(), guard
 
 
+@torch.library.custom_op("fxopt::tempo_rms_norm", mutates_args=())
+def tempo_rms_norm(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                   round_before_weight: bool, out_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm_forward` as an op opaque to tracing."""
+    return rms_norm_forward(x, n, weight, eps, round_before_weight, out_dtype)
+
+
 @tempo_rms_norm.register_fake
 def _(x, n, weight, eps, round_before_weight, out_dtype):
     return _fake_outputs(x, n, out_dtype)
+
+
+def rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                      guard_xhat: torch.Tensor, guard_index: torch.Tensor,
+                      weight: torch.Tensor | None,
+                      xhat_from_output: XhatFromOutput = _xhat_from_output
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in fp32 rows, dweight) of :func:`rms_norm_forward` from its outputs (x_hat as
+    :func:`layer_norm_backward` rebuilds it)."""
+    n = y.numel() // rstd.numel()
+    w = _vector(weight, n, 1.0, y)
+    xhat = xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
+    dx, dweight = _rms_norm_backward_rows(dy, xhat, rstd, w)
+    if weight is None:
+        return dx, dweight
+    return _nan_if_unguarded((dx, dweight), w, None, y.dtype)
 
 
 @torch.library.custom_op("fxopt::tempo_rms_norm_backward", mutates_args=())
@@ -217,14 +262,8 @@ def tempo_rms_norm_backward(dy: torch.Tensor, y: torch.Tensor, rstd: torch.Tenso
                             guard_xhat: torch.Tensor, guard_index: torch.Tensor,
                             weight: torch.Tensor | None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx in fp32 rows, dweight) of :func:`tempo_rms_norm` from its outputs."""
-    n = y.numel() // rstd.numel()
-    w = _vector(weight, n, 1.0, y)
-    xhat = _xhat_from_output(y, w, torch.zeros_like(w), guard_xhat, guard_index)
-    dx, dweight = _rms_norm_backward_rows(dy, xhat, rstd, w)
-    if weight is None:
-        return dx, dweight
-    return _nan_if_unguarded((dx, dweight), w, None, y.dtype)
+    """:func:`rms_norm_backward` as an op opaque to tracing."""
+    return rms_norm_backward(dy, y, rstd, guard_xhat, guard_index, weight)
 
 
 @tempo_rms_norm_backward.register_fake

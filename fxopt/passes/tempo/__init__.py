@@ -8,6 +8,10 @@ dropout mask instead of the dropout output. GELU and norm outputs are kept only 
 next op keeps them anyway (a Linear or matmul in the same dtype), so a site whose output no
 neighbour keeps is left alone: rewriting it would save its output in place of its input.
 
+Under ``codegen="inductor"`` the same sites get the ops' aten-only forms
+(``fxopt.kernels.tempo.fusible``: autograd Functions AOTAutograd traces through) instead,
+so that Inductor fuses them rather than calling opaque extern kernels.
+
 Stats: per kind, the sites rewritten and the predicted saved-activation bytes removed per
 step (``rewritten``, ``bytes_removed``); the sites left alone, per reason (``skipped``).
 Default: off unless asked (``options={"tempo": True}``): the backward recomputes from
@@ -20,16 +24,19 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from typing import Any
 
 import torch.fx as fx
 
 from fxopt._compat import tree_leaves
 from fxopt.kernels import tempo as _tempo_ops  # noqa: F401  (registers the ops)
+from fxopt.kernels.tempo.fusible import fusible_form
 from fxopt.passes.base import PassContext, PassResult, RewriteCounter
 from fxopt.passes.tempo.graph import kept_by_neighbour
 from fxopt.passes.tempo.sites import MATCHERS, Site
 
 __all__ = ["rewrite_sites", "tempo"]
+
 
 
 def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
@@ -42,16 +49,20 @@ def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
 
         auto = choose_sites(gm, ctx)
         kinds = set(auto["taken"])
-    stats = rewrite_sites(gm, ctx.rewrites, kinds)
+    fusible = ctx.options.codegen == "inductor"
+    stats = rewrite_sites(gm, ctx.rewrites, kinds, fusible=fusible)
+    stats["form"] = "fusible" if fusible else "custom_ops"
     if auto is not None:
         stats["auto"] = auto
     return PassResult(gm, bool(stats["rewritten"]), stats)
 
 
 def rewrite_sites(gm: fx.GraphModule, rewrites: RewriteCounter,
-                  kinds: set[str] | None = None) -> dict[str, dict[str, int]]:
-    """Rewrite the sites of ``kinds`` (None: every kind) that save memory, in place; the
-    stats: per kind the sites rewritten and bytes removed, per reason the sites left."""
+                  kinds: set[str] | None = None, *, fusible: bool = False
+                  ) -> dict[str, dict[str, int]]:
+    """Rewrite the sites of ``kinds`` (None: every kind) that save memory, in place, by the
+    custom ops or (``fusible``) their aten-only forms; the stats: per kind the sites
+    rewritten and bytes removed, per reason the sites left."""
     rewritten, removed, skipped = Counter(), Counter(), Counter()
     for node in list(gm.graph.nodes):
         if node.graph is not gm.graph:  # erased by an earlier rewrite
@@ -67,7 +78,7 @@ def rewrite_sites(gm: fx.GraphModule, rewrites: RewriteCounter,
         if reason is not None:
             skipped[reason] += 1
             continue
-        _rewrite(gm.graph, site)
+        _rewrite(gm.graph, site, fusible_form(site.op, site.args) if fusible else site.op)
         rewritten[site.kind] += 1
         removed[site.kind] += site.bytes_removed
     return {"rewritten": dict(rewritten), "bytes_removed": dict(removed),
@@ -89,9 +100,9 @@ def _refusal(site: Site) -> str | None:
     return None
 
 
-def _rewrite(graph: fx.Graph, site: Site) -> None:
+def _rewrite(graph: fx.Graph, site: Site, target: Any) -> None:
     with graph.inserting_before(site.insert_before):
-        op = graph.call_function(site.op, site.args)
+        op = graph.call_function(target, site.args)
         value = graph.call_function(operator.getitem, (op, 0))
     names = [n.name for n in site.replaced]
     op.meta["fxopt"] = {"pass": "tempo", "kind": site.kind, "replaces": names}

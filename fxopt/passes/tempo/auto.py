@@ -77,7 +77,8 @@ def tempo_variants(gm: fx.GraphModule, example_inputs: Sequence[Any], hardware: 
                    codegen: str = "fx", name: str = "", kinds: Sequence[str] | None = None
                    ) -> dict[tuple[str, ...], StepProblem]:
     """Each subset of the tempo site kinds of ``gm`` (``kinds``: those to try, default all
-    it has) -> the step problem of ``gm`` with those kinds rewritten."""
+    it has) -> the step problem of ``gm`` with those kinds rewritten (in the form the pass
+    uses under ``codegen``: the aten-only one under Inductor)."""
     from fxopt.passes.tempo import rewrite_sites
 
     if kinds is None:
@@ -88,7 +89,8 @@ def tempo_variants(gm: fx.GraphModule, example_inputs: Sequence[Any], hardware: 
         for subset in itertools.combinations(sorted(kinds), size):
             variant = _copy(gm)
             if subset:
-                rewrite_sites(variant, RewriteCounter(), set(subset))
+                rewrite_sites(variant, RewriteCounter(), set(subset),
+                              fusible=codegen == "inductor")
             joint, outputs = trace_joint(variant, example_inputs,
                                          inductor=codegen == "inductor")
             variants[subset] = step_problem(joint, outputs, hardware, codegen=codegen,
