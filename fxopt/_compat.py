@@ -185,19 +185,28 @@ def inductor_graph_context(example_inputs: Sequence[Any]) -> contextlib.Abstract
 
 
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition table. Some decompositions (max_pool2d's) consult
+    ``torch._inductor.lowering``, which only Inductor's own compile imports: without this
+    import a model whose first Inductor compile is fxopt's fails while tracing."""
+    import torch._inductor.lowering  # noqa: F401
     from torch._inductor.decomposition import select_decomp_table
 
     return select_decomp_table()
 
 
 def inductor_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
-                     is_backward: bool, is_inference: bool, max_autotune: bool
-                     ) -> Callable[..., Any]:
-    """Inductor's code generation for one final forward or backward graph (boxed)."""
+                     is_backward: bool, is_inference: bool, max_autotune: bool,
+                     layout_optimization: bool = True) -> Callable[..., Any]:
+    """Inductor's code generation for one final forward or backward graph (boxed).
+    ``layout_optimization=False`` keeps convolutions in their tensors' own layout (see
+    ``Backend._inductor``)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    with inductor_config.patch(max_autotune=max_autotune):
+    patch = {"max_autotune": max_autotune}
+    if not layout_optimization:
+        patch["layout_optimization"] = False
+    with inductor_config.patch(patch):
         return compile_fx_inner(gm, list(example_inputs), is_backward=is_backward,
                                 is_inference=is_inference)
 
