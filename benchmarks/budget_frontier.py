@@ -2,29 +2,37 @@
 and fx or Inductor forced) against Inductor's ``activation_memory_budget`` at the same
 fractions and per-block ``torch.utils.checkpoint``.
 
-    PYTHONPATH=. python benchmarks/budget_frontier.py [--models gpt2 bert]
-        [--budgets 0.7 0.5 0.3] [--rounds 7] [--layers 4] [--hidden 256] [--seq 128]
-        [--batch 4] [--curves "fxopt default" "fxopt fx" "fxopt inductor" inductor checkpoint]
+    PYTHONPATH=. python benchmarks/budget_frontier.py [--models gpt2 bert llama t5 resnet
+        vit mlp lstm handlstm] [--budgets 0.7 0.5 0.3] [--rounds 7] [--layers 4]
+        [--hidden 256] [--seq 128] [--batch 4] [--image 64]
+        [--curves "fxopt default" "fxopt fx" "fxopt inductor" inductor checkpoint]
         [--tempo] [--png benchmarks/results/budget_frontier_cpu.png]
 
-The defaults are the benchmark suite's CPU size. The PNG needs matplotlib
+Each model is at the benchmark suite's CPU size (``budget_reach.suite_size``: GPT-2 and BERT
+at 4 layers, hidden 256, seq 128, batch 4, and the sizes it names for the others);
+``--layers``, ``--hidden``, ``--seq``, ``--batch`` and ``--image`` override it (a smoke
+run: ``--layers 2 --hidden 32 --seq 16 --image 32 --rounds 1``). The PNG needs matplotlib
 (``pip install -e ".[bench]"``); without it the script says so and writes the tables only.
 
 Curves (``--curves`` picks some; eager is always run, as the reference): ``fxopt default``
 (``codegen="auto"``, what a user gets: the code generator it chose is in the table's last
 column), ``fxopt fx`` and ``fxopt inductor`` (``codegen`` forced), ``inductor`` (plain
 ``torch.compile`` with ``activation_memory_budget``), each without a budget and at every
-fraction; ``checkpoint`` (per-block ``torch.utils.checkpoint``) is one point. ``--tempo``
-turns tempo on in every fxopt configuration (the peers stay as they are).
+fraction; ``checkpoint`` (``torch.utils.checkpoint``, non-reentrant, around each block
+that :data:`CHECKPOINT_POINT` names) is one point. ``--tempo`` turns tempo on in every fxopt
+configuration (the peers stay as they are).
 
-Per model (``budget_reach.build``: transformers' GPT-2 and BERT, dropout 0.1, eager
-attention; the 3-block MLP) every configuration is compiled and warmed up, its bytes
-kept for backward measured once (saved-tensor hooks; parameters, buffers and inputs
-excluded), then timed: one thread, ``--rounds`` rounds, each round one step (forward and
-backward, no optimizer) of every configuration in turn (interleaved, the order rotated by
-one each round), reporting the median and the spread (min-max), the median's ratio to
-eager's, and the paired ratio: the median over rounds of the step's time over eager's
-step in the same round, which cancels load that drifts between rounds (the PNG plots it).
+Per model (``budget_reach.build``: transformers' GPT-2, BERT, Llama, T5, ResNet and ViT,
+dropout where the config has it, eager attention; the 3-block MLP; the ``nn.LSTM`` language
+model and the hand-written LSTM; the loss is ``budget_reach.loss_of``'s; Dynamo traces
+``nn.LSTM`` under ``allow_rnn``, as in budget_reach) every configuration is compiled and
+warmed up, its bytes kept for backward measured once (saved-tensor hooks; parameters,
+buffers and inputs excluded), then timed: one thread, ``--rounds`` rounds, each round one
+step (forward and backward, no optimizer) of every configuration in turn (interleaved, the
+order rotated by one each round), reporting the median and the spread (min-max), the
+median's ratio to eager's, and the paired ratio: the median over rounds of the step's time
+over eager's step in the same round, which cancels load that drifts between rounds (the
+PNG plots it).
 Prints a markdown table per model (pipe it to ``benchmarks/results/``).
 """
 
@@ -47,26 +55,60 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from budget_reach import build, loss_of
+from budget_reach import MODELS, HandLSTM, LSTMLanguageModel, build, loss_of, suite_size
 
 import fxopt
-from fxopt._compat import activation_memory_budget
+from fxopt._compat import activation_memory_budget, dynamo_allow_rnn
 from fxopt.analysis import measure_saved_bytes
 
+CHECKPOINT_POINT = {
+    "gpt2": "each transformer block (transformer.h)",
+    "bert": "each encoder layer (bert.encoder.layer)",
+    "llama": "each decoder layer (model.layers)",
+    "t5": "each encoder and decoder block (encoder.block, decoder.block), through "
+          "transformers' activation_checkpointing_enable: wrapped by hand, the recompute of "
+          "a block saves fewer tensors than its forward (T5 marks a zero position bias as "
+          "requiring grad only when its own checkpointing is on) and checkpoint raises",
+    "resnet": "each residual block of every stage (resnet.encoder.stages[i].layers); "
+              "BatchNorm's running statistics are updated again by the recompute",
+    "vit": "each encoder layer (vit.encoder.layer)",
+    "mlp": "each of the 3 blocks",
+    "lstm": "the whole 2-layer nn.LSTM as one block: its layers are one aten op, so no "
+            "finer point exists without rebuilding the model",
+    "handlstm": "each time step (HandLSTM.cell): the model has no blocks, only its loop",
+}
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
+
+def _checkpoint_targets(model: nn.Module) -> list[tuple[object, str]]:
+    """(owner, attribute) of every callable that per-block checkpoint wraps."""
+    if isinstance(model, HandLSTM):
+        return [(model, "cell")]
+    if isinstance(model, LSTMLanguageModel):
+        return [(model.lstm, "forward")]
     if hasattr(model, "blocks"):
-        return list(model.blocks)
-    base = getattr(model, model.base_model_prefix)
-    return list(getattr(base, "h", None) or base.encoder.layer)
+        return [(block, "forward") for block in model.blocks]
+    base = getattr(model, model.base_model_prefix, model)  # T5 has no base model attribute
+    if hasattr(base, "h"):
+        blocks = base.h
+    elif hasattr(base, "layers"):
+        blocks = base.layers
+    elif hasattr(base.encoder, "stages"):
+        blocks = [layer for stage in base.encoder.stages for layer in stage.layers]
+    else:
+        blocks = base.encoder.layer
+    return [(block, "forward") for block in blocks]
 
 
 def _checkpointed(model: nn.Module) -> nn.Module:
     from torch.utils.checkpoint import checkpoint
 
-    for block in _blocks(model):
-        forward = block.forward
-        block.forward = lambda *a, _f=forward, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+    if hasattr(model, "decoder"):  # T5: see CHECKPOINT_POINT
+        model.activation_checkpointing_enable({"use_reentrant": False})
+        return model
+    for owner, attribute in _checkpoint_targets(model):
+        call = getattr(owner, attribute)
+        setattr(owner, attribute,
+                lambda *a, _f=call, **k: checkpoint(_f, *a, use_reentrant=False, **k))
     return model
 
 
@@ -116,12 +158,21 @@ def run_model(name: str, args: argparse.Namespace
               ) -> tuple[list[str], dict[str, tuple[float, float]]]:
     """The model's markdown table, and per configuration (saved bytes, step time) as
     fractions of eager's."""
-    _, kwargs = build(name, args.hidden, args.seq, args.batch, args.layers)
+    size = {**suite_size(name), **{key: value for key in ("layers", "hidden", "seq", "batch",
+                                                           "image")
+                                   if (value := getattr(args, key)) is not None}}
+    with dynamo_allow_rnn():
+        return _run_model(name, size, args)
+
+
+def _run_model(name: str, size: dict, args: argparse.Namespace
+               ) -> tuple[list[str], dict[str, tuple[float, float]]]:
+    _, kwargs = build(name, **size)
     prepared = {}
     for config, (prepare, context) in configurations(args.budgets, args.curves,
                                                       args.tempo).items():
         began = time.perf_counter()
-        model, _ = build(name, args.hidden, args.seq, args.batch, args.layers)
+        model, _ = build(name, **size)
         fn = prepare(model)
         owned = [*model.parameters(), *model.buffers(), *kwargs.values()]
 
@@ -146,8 +197,10 @@ def run_model(name: str, args: argparse.Namespace
             times.append(time.perf_counter() - start)
     eager_bytes, eager_times = prepared["eager"][1], prepared["eager"][2]
     eager_time = statistics.median(eager_times)
-    lines = [f"\n### {name} ({args.layers} layers, hidden {args.hidden}, seq {args.seq}, "
-             f"batch {args.batch})\n",
+    shape = ", ".join(f"{key} {value}" for key, value in size.items())
+    lines = [f"\n### {name} ({shape})\n",
+             *([f"checkpoint: {CHECKPOINT_POINT[name]}\n"] if "checkpoint" in args.curves
+               else []),
              ("| configuration | saved bytes | x eager | step ms (median) | spread ms | "
               "x eager time | x eager time, paired | fxopt codegen |"),
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -200,13 +253,12 @@ def plot(results: dict[str, dict[str, tuple[float, float]]], budgets: list[float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["gpt2", "bert"])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["gpt2", "bert"])
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.7, 0.5, 0.3])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=4)
+    for key in ("layers", "hidden", "seq", "batch", "image"):
+        parser.add_argument(f"--{key}", type=int,
+                            help="overrides the suite size (budget_reach.suite_size)")
     parser.add_argument("--curves", nargs="+", default=[*CURVES, "checkpoint"],
                         choices=[*CURVES, "checkpoint"])
     parser.add_argument("--tempo", action="store_true",

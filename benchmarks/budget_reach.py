@@ -80,10 +80,15 @@ class HandLSTM(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = c = x.new_zeros(x.shape[1], self.hidden)
         for t in range(x.shape[0]):
-            i, f, o, g = (self.wi(x[t]) + self.wh(h)).chunk(4, dim=-1)
-            c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-            h = o.sigmoid() * c.tanh()
+            h, c = self.cell(x[t], h, c)
         return h.square().mean()
+
+    def cell(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step: the next (h, c)."""
+        i, f, o, g = (self.wi(x) + self.wh(h)).chunk(4, dim=-1)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        return o.sigmoid() * c.tanh(), c
 
 
 MODELS = ("gpt2", "bert", "llama", "t5", "resnet", "vit", "mlp", "lstm", "handlstm")
