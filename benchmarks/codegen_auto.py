@@ -23,6 +23,10 @@ are paid before (a trivial function compiled with the "eager" backend).
 
     python benchmarks/codegen_auto.py                      # smoke and medium sizes
     python benchmarks/codegen_auto.py --sizes smoke --steps 7
+    python benchmarks/codegen_auto.py --compile-samples 2 --sizes medium --models gpt2
+
+``--compile-samples N`` measures only the compile time of fxopt-inductor and torch.compile,
+N fresh-process samples each, the order alternating per round, every sample printed.
 """
 
 from __future__ import annotations
@@ -136,11 +140,30 @@ def measure_steps(kind: str, size: str, steps: int) -> dict[str, list[float]]:
     return times
 
 
+def compile_samples(kinds: list[str], sizes: list[str], samples: int) -> None:
+    """Fresh-process compile times only, ``samples`` per configuration, order alternating."""
+    pair = ["torch.compile", "fxopt-inductor"]
+    print("| model | size | round | config | compile s |")
+    print("| --- | --- | ---: | --- | ---: |")
+    for size in sizes:
+        for kind in kinds:
+            found: dict[str, list[float]] = {c: [] for c in pair}
+            for i in range(samples):
+                for config in pair if i % 2 == 0 else pair[::-1]:
+                    found[config].append(measure_compile(kind, size, config))
+                    print(f"| {kind} | {size} | {i} | {config} | {found[config][-1]:.1f} |",
+                          flush=True)
+            ratio = statistics.median(found["fxopt-inductor"]) / statistics.median(
+                found["torch.compile"])
+            print(f"\n{kind} {size}: median fxopt-inductor / torch.compile = {ratio:.2f}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="smoke,medium")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--compile-samples", type=int, default=0)
     parser.add_argument("--compile-one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compile_one:
@@ -150,6 +173,9 @@ def main() -> None:
     print(f"# codegen_auto: CPU ({platform.machine()}), torch {torch.__version__}, "
           f"1 thread, {args.steps} interleaved steps, dropout 0.1 in training mode")
     print(f"# command: python benchmarks/codegen_auto.py {' '.join(sys.argv[1:])}")
+    if args.compile_samples:
+        compile_samples(args.models.split(","), args.sizes.split(","), args.compile_samples)
+        return
     print("| model | size | config | step ms (median) | spread (min-max) | step / torch.compile "
           "| compile s | compile / torch.compile |")
     print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |")
