@@ -1,7 +1,13 @@
 """Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM, and a
-wrapper that runs a model under bf16 autocast; ``seeded_step``, one measured training step."""
+wrapper that runs a model under bf16 autocast; ``seeded_step``, one measured training step;
+``load_benchmark``, a benchmark script's models and measurements for the tests that check
+what its committed table shows."""
 
+import importlib.util
 import math
+import pathlib
+import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -100,3 +106,14 @@ def seeded_step(model: nn.Module, compiled, x: torch.Tensor):
     saved = measure_saved_bytes(forward, exclude=[*model.parameters(), x]).bytes
     holder["loss"].backward()
     return holder["loss"].detach(), [p.grad.clone() for p in model.parameters()], saved
+
+
+def load_benchmark(name: str) -> types.ModuleType:
+    """``benchmarks/<name>.py`` as a module, loaded once per process (registered in
+    ``sys.modules`` under ``name``: its dataclasses look their module up there)."""
+    if name not in sys.modules:
+        path = pathlib.Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]

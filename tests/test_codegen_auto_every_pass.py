@@ -7,12 +7,10 @@ budget (the reference: tempo and fuse_rnn change the numerics, the budget's reco
 must not), whose loss equals eager's to fp32 rounding. Models and the step are
 benchmarks/budget_reach.py's, at a tiny size."""
 
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
+from models import load_benchmark
 
 import fxopt
 from fxopt import _compat
@@ -21,12 +19,7 @@ pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.slow
 
-_PATH = pathlib.Path(__file__).parents[1] / "benchmarks" / "budget_reach.py"
-if "budget_reach" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("budget_reach", _PATH)
-    sys.modules["budget_reach"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["budget_reach"])
-reach = sys.modules["budget_reach"]
+reach = load_benchmark("budget_reach")
 
 PASSES = {"tempo": True, "fuse_rnn": True}
 # the pass that must fire on each model besides swap_recompute

@@ -11,12 +11,10 @@ budget. With ``codegen="inductor"`` and no budget, the Inductor-aware simulation
 the node-by-node simulation is 13% and 8% over.
 """
 
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
+from models import load_benchmark
 
 from fxopt.analysis import estimate_step_memory
 from fxopt.compiler import Backend
@@ -26,11 +24,7 @@ pytest.importorskip("transformers")
 
 # the models of benchmarks/planner_accuracy.py (its loss in the module: one graph), at the
 # benchmark suite's smoke size
-_PATH = pathlib.Path(__file__).parents[2] / "benchmarks" / "planner_accuracy.py"
-_spec = importlib.util.spec_from_file_location("planner_accuracy", _PATH)
-accuracy = importlib.util.module_from_spec(_spec)
-sys.modules["planner_accuracy"] = accuracy  # dataclasses look their module up there
-_spec.loader.exec_module(accuracy)
+accuracy = load_benchmark("planner_accuracy")
 
 TOLERANCE = 0.05  # issue 16: predicted peak within 5% of measured
 

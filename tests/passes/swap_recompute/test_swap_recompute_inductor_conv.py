@@ -9,24 +9,19 @@ is fxopt's compiles with max pooling (Inductor's decomposition of it reads a mod
 Inductor's own compile imported).
 """
 
-import importlib.util
-import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from models import load_benchmark
 
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.slow
 
-_PATH = pathlib.Path(__file__).parents[3] / "benchmarks" / "budget_reach.py"
-_spec = importlib.util.spec_from_file_location("budget_reach", _PATH)
-reach = importlib.util.module_from_spec(_spec)
-sys.modules["budget_reach"] = reach  # dataclasses look their module up there
-_spec.loader.exec_module(reach)
+reach = load_benchmark("budget_reach")
 
 
 def test_vit_keeps_within_the_budget_under_inductor():

@@ -6,12 +6,10 @@ bitwise equal to eager's, and the pass fired. The models and the measurement are
 benchmark's own (loaded from its file), so the test checks what the committed table shows.
 """
 
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
+from models import load_benchmark
 
 from fxopt import _compat
 
@@ -19,11 +17,7 @@ pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.slow
 
-_PATH = pathlib.Path(__file__).parents[3] / "benchmarks" / "budget_reach.py"
-_spec = importlib.util.spec_from_file_location("budget_reach", _PATH)
-reach = importlib.util.module_from_spec(_spec)
-sys.modules["budget_reach"] = reach  # dataclasses look their module up there
-_spec.loader.exec_module(reach)
+reach = load_benchmark("budget_reach")
 
 # GPT-2, BERT and the MLP are covered by test_swap_recompute.py and the property test.
 # ViT calls dropout with p=0.0: noop_dropout drops the call (eager returns the input), so
