@@ -38,7 +38,6 @@ from fxopt.passes.tempo.sites import MATCHERS, Site
 __all__ = ["rewrite_sites", "tempo"]
 
 
-
 def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     """Replace every GELU, LayerNorm/RMSNorm and softmax-dropout-matmul site that saves
     memory by a tempo custom op; with ``tempo="auto"``, only the site kinds that pay under
