@@ -59,7 +59,7 @@ def workspace_bytes(node: fx.Node) -> int:
     """The bytes ``node``'s op holds inside its call beyond its outputs (0 for an op not in
     :data:`MEASURED_OPS`, or one whose arguments are not all known)."""
     if node.op != "call_function" or not _compat.is_op_overload(node.target) \
-            or node.target._schema.name not in MEASURED_OPS:
+            or node.target.name() not in MEASURED_OPS:
         return 0
     try:
         args = _spec(node.args)
