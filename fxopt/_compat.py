@@ -345,3 +345,19 @@ def dynamo_allow_rnn() -> Any:
     import torch._dynamo
 
     return torch._dynamo.config.patch(allow_rnn=True)
+
+
+def autograd_dispatch_restored() -> Any:
+    """A context in which autograd records again inside a custom op's kernel.
+
+    ``torch.library``'s autograd wrapper runs an op's kernel with the autograd dispatch keys
+    excluded (``_AutoDispatchBelowAutograd``), so ``torch.enable_grad()`` alone records
+    nothing there. A kernel that runs a library function with its own autograd graph (the
+    fused RNN that :mod:`fxopt.kernels.recompute_rnn` replays) lifts that exclusion for its
+    body; everything else in the thread's dispatch state is kept."""
+    keys = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor,
+                keys.ADInplaceOrView):
+        exclude = exclude.remove(key)  # only what the wrapper excluded: autocast stays as is
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)

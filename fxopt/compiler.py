@@ -41,6 +41,7 @@ from fxopt.analysis.memory import (
 from fxopt.codegen import choose_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
+from fxopt.passes.base import REMOVED_SAVED_BYTES
 from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.plan import load_plans
@@ -287,7 +288,10 @@ class _GraphCompiler:
 
         self.record.memory.setdefault("autograd", _report_only(estimate, joint))
         ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
-                            num_fwd_outputs=num_fwd_outputs)
+                            num_fwd_outputs=num_fwd_outputs,
+                            removed_saved_bytes=sum(
+                                r.stats.get(REMOVED_SAVED_BYTES, 0) for r in self.record.passes
+                                if r.stage == Stage.PRE_AUTOGRAD.value and r.fired))
         joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
         self.record.graphs["joint"] = joint
         partition = (_compat.inductor_partition if self.options.codegen == "inductor"

@@ -8,7 +8,8 @@ and the same data is on the object (``report.passes[i].name``, ``.stats``, ...).
 "Plain autograd" is always the Dynamo graph without any fxopt pass (explain asks the
 backend to trace it separately when a pre-autograd pass such as tempo changed the graph).
 ``report.notes`` says what the table cannot: why Dynamo captured no graph, and RNN modules
-Dynamo does not trace (``torch._dynamo.config.allow_rnn``), which fuse_rnn then never sees.
+Dynamo does not trace (``torch._dynamo.config.allow_rnn``), which fuse_rnn and a memory
+budget (recompute_rnn) then never see.
 """
 
 from __future__ import annotations
@@ -121,12 +122,15 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
             for name, m in (model.named_modules() if isinstance(model, torch.nn.Module) else ())
             if isinstance(m, torch.nn.RNNBase)]
     rnn_untraced = bool(rnns) and not _compat.dynamo_traces_rnn()
-    if rnn_untraced and (options.fuse_rnn or not graphs):
+    budgeted = options.memory_budget is not None
+    if rnn_untraced and (options.fuse_rnn or budgeted or not graphs):
+        lost = [*(["fuse_rnn=True has no effect on it"] if options.fuse_rnn else []),
+                *(["memory_budget does not bound what it saves (recompute_rnn never sees "
+                   "it)"] if budgeted else [])]
         notes.append(
             f"Dynamo does not trace {', '.join(rnns)}: it breaks the graph there unless "
             "torch._dynamo.config.allow_rnn = True is set before compiling, so fxopt never "
-            "sees the module" + (" and fuse_rnn=True has no effect on it"
-                                 if options.fuse_rnn else ""))
+            "sees the module" + (f" ({'; '.join(lost)})" if lost else ""))
     if not graphs:
         why = ("see the graph break(s) above" if breaks else
                "the call ran no tensor operation Dynamo could capture, or Dynamo skipped "

@@ -15,8 +15,9 @@ def test_report_lists_graphs_passes_and_memory():
     report = fxopt.explain(model, torch.randn(4, 13), options={name: True})
     assert report.ran_backward and len(report.graphs) == 1
     names = [r.name for r in report.passes]
-    assert names == ["noop_dropout", "tempo", "fuse_rnn", "swap_recompute", "fuse_elementwise",
-                     "swap_prefetch", "fuse_elementwise", "offload_optimizer"]
+    assert names == ["noop_dropout", "tempo", "fuse_rnn", "recompute_rnn", "swap_recompute",
+                     "fuse_elementwise", "swap_prefetch", "fuse_elementwise",
+                     "offload_optimizer"]
     record = next(r for r in report.passes if r.name == name)
     assert record.status == "unchanged" and record.reason == "on (option)"
     assert not report.fired(name)
@@ -89,6 +90,16 @@ def test_no_graph_because_of_an_lstm_says_why_and_what_to_set():
     assert "torch._dynamo.config.allow_rnn = True" in text
     assert "fuse_rnn=True has no effect" in text
     assert report.to_dict()["notes"] == report.notes
+
+
+def test_an_untraced_lstm_under_a_budget_says_the_budget_misses_it():
+    from fxopt import _compat
+
+    assert not _compat.dynamo_traces_rnn()  # the default this test is about
+    report = fxopt.explain(torch.nn.LSTM(5, 7), torch.randn(3, 2, 5),
+                           options={"memory_budget": 0.5})
+    assert any("memory_budget does not bound what it saves" in note for note in report.notes)
+    assert "fuse_rnn=True" not in str(report)
 
 
 def test_no_graph_without_tensor_work_says_so():

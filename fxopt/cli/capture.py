@@ -1,8 +1,9 @@
 """Capture the joint forward+backward graphs of one training step, for planning offline.
 
 ``fxopt plan`` and the planner's tests need the joint graph AOTAutograd builds, without
-running fxopt's passes (but for the dropout calls that return their input, dropped as
-compilation under a budget drops them, so a saved plan's graphs are compilation's):
+running fxopt's passes (but for the two rewrites compilation under a budget makes before
+autograd, so a saved plan's graphs are compilation's: the dropout calls that return their
+input are dropped, whole ``nn.LSTM``/``nn.GRU`` calls become the recomputing op):
 :func:`capture_joints` compiles the model with a recording
 AOTAutograd backend configured as fxopt's (no decompositions, the default partition,
 input mutations kept), runs one step (``model(*inputs)``, then backward from the sum of
@@ -22,6 +23,7 @@ from torch import fx, nn
 
 from fxopt import _compat
 from fxopt.passes.swap_recompute.noop_dropout import drop_noop_dropouts
+from fxopt.passes.swap_recompute.recompute_rnn import recompute_whole_rnns
 
 __all__ = ["CapturedJoint", "capture_dynamo", "capture_joints"]
 
@@ -30,6 +32,7 @@ __all__ = ["CapturedJoint", "capture_dynamo", "capture_joints"]
 class CapturedJoint:
     gm: fx.GraphModule
     num_fwd_outputs: int
+    removed_bytes: int = 0  # plain saved bytes recompute_rnn took out (a fraction's base)
 
 
 def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
@@ -37,9 +40,10 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
     """The joint graph of every Dynamo graph of one training step of ``model``."""
     torch.compiler.reset()
     found: list[CapturedJoint] = []
+    removed = [0]  # by the Dynamo graph being traced
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
-        found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"]))
+        found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"], removed[0]))
         return _compat.default_partition(joint, joint_inputs, **kwargs)
 
     def run_as_is(gm: fx.GraphModule, _: Any) -> Any:
@@ -50,7 +54,8 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
         # what compilation under a budget does before autograd (swap_recompute's flag)
-        if drop_noop_dropouts(gm):
+        dropped, (recomputed, _, removed[0]) = drop_noop_dropouts(gm), recompute_whole_rnns(gm)
+        if dropped or recomputed:
             gm.recompile()
         return aot(gm, example_inputs)
 

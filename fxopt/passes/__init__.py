@@ -23,6 +23,7 @@ from fxopt.passes.offload_optimizer import offload_optimizer
 from fxopt.passes.swap_recompute import swap_recompute
 from fxopt.passes.swap_recompute.noop_dropout import noop_dropout
 from fxopt.passes.swap_recompute.prefetch import swap_prefetch
+from fxopt.passes.swap_recompute.recompute_rnn import recompute_rnn
 from fxopt.passes.tempo import tempo
 
 __all__ = [
@@ -51,6 +52,12 @@ PIPELINE: list[PassSpec] = [
     PassSpec(
         name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn,
         description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
+    PassSpec(
+        name="recompute_rnn", flag="swap_recompute", stages=(Stage.PRE_AUTOGRAD,),
+        run=recompute_rnn, default=_budget_or_plan,
+        default_text="on when memory_budget (or plan) is set, as swap_recompute",
+        description="whole nn.LSTM/nn.GRU calls that fuse_rnn left run the library's fused "
+                    "RNN, saving only their inputs, and run again in the backward"),
     PassSpec(
         name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,),
         run=swap_recompute, default=_budget_or_plan,

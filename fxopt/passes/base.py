@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 __all__ = ["Stage", "GraphKind", "PassResult", "PassContext", "PassSpec", "RewriteCounter"]
 
 
+# The stat by which a pre-autograd pass says how many of plain autograd's saved bytes it
+# took out of the graph (recompute_rnn): swap_recompute adds them back to a fraction's base,
+# so that the fraction stays one of eager's bytes, not of what is left after the rewrite.
+REMOVED_SAVED_BYTES = "plain_saved_bytes_removed"
+
+
 class Stage(str, enum.Enum):
     """Where in the pipeline a pass runs; the order here is the pipeline's order."""
 
@@ -79,7 +85,8 @@ class PassContext:
     # e.g. before autograd). The runner calls it before and after each pass.
     estimate_memory: Callable[[fx.GraphModule], MemoryEstimate | None] = lambda gm: None
     rewrites: RewriteCounter = field(default_factory=RewriteCounter)
-    # Stage-specific facts, e.g. {"num_fwd_outputs": 3} at the joint stage.
+    # Stage-specific facts: at the joint stage {"num_fwd_outputs": 3, "removed_saved_bytes":
+    # the REMOVED_SAVED_BYTES stats of the graph's pre-autograd passes that fired}.
     facts: dict[str, Any] = field(default_factory=dict)
     # The model's fraction budget, shared by the graphs one Backend compiles
     # (fxopt.planner.ledger); None: this graph alone.

@@ -38,6 +38,7 @@ link) copies are timed at the profile's memory bandwidth.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -306,21 +307,24 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
 
 
 def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwareProfile, *,
-                 codegen: str = "fx", force_swap: bool = False, name: str = ""
-                 ) -> tuple[JointAnalysis, StepProblem]:
+                 codegen: str = "fx", force_swap: bool = False, name: str = "",
+                 removed_bytes: int = 0) -> tuple[JointAnalysis, StepProblem]:
     """The one builder of :func:`fxopt.planner.step.plan_step`'s input from a joint graph,
     for the pass and ``fxopt plan`` alike: recompute choices (none under ``force_swap``),
     swap choices on CUDA or under ``force_swap``, a blocking offload under Inductor, random
     ops recomputed with their RNG state replayed (both partitioners replay a tagged random
-    op: torch's ``functionalize_rng_ops``)."""
+    op: torch's ``functionalize_rng_ops``). ``removed_bytes``: plain autograd's saved bytes
+    that rewrites before autograd took out of the graph (a fraction's base keeps them)."""
     analysis = analyse_joint(gm, num_fwd_outputs, hardware)
     estimate = analysis.estimate
     activations = build_problem(analysis, estimate.peak_bytes, hardware,
                                 recompute=not force_swap,
                                 swap=hardware.device_type == "cuda" or force_swap,
                                 blocking_offload=codegen == "inductor")
-    saved = saved_bytes_problem(analysis, random_ok=True,
-                                rng_state_bytes=rng_state_bytes(hardware.device_type))
+    saved = dataclasses.replace(
+        saved_bytes_problem(analysis, random_ok=True,
+                            rng_state_bytes=rng_state_bytes(hardware.device_type)),
+        removed_bytes=removed_bytes)
     return analysis, StepProblem(
         graph=name, fingerprint=tuple(graph_fingerprint(gm)), activations=activations,
         saved_bytes=saved, keep_all_peak_bytes=estimate.peak_bytes,

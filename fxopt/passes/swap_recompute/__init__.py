@@ -19,8 +19,12 @@ At the JOINT stage (AOTAutograd's joint forward+backward graph, before the parti
    budgeted min-cut instead, within the graph's share (:mod:`.inductor_budget`; the plan's
    tags are its fallback), random ops replayed exactly there too.
 
-``noop_dropout`` (:mod:`.noop_dropout`, before autograd, same flag) drops dropout calls
-that return their input, so the plain saved bytes a fraction is taken of are eager's.
+Two rewrites run before autograd under the same flag: ``noop_dropout`` (:mod:`.noop_dropout`)
+drops dropout calls that return their input, so the plain saved bytes a fraction is taken
+of are eager's; ``recompute_rnn`` (:mod:`.recompute_rnn`) makes each whole ``nn.LSTM`` /
+``nn.GRU`` call the library's fused RNN that saves only its inputs and runs again in the
+backward (the call's own saves are then not in the graph's plain bytes either, so a
+fraction is taken of less than eager's and met with room to spare).
 
 A fraction is the model's: the graphs one backend compiles share it, each planned within
 what the graphs before it left (:mod:`fxopt.planner.ledger`; ``stats["share_bytes"]``).
@@ -63,7 +67,8 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     profile = profile_for(ctx.device)
     analysis, problem = step_problem(gm, ctx.facts["num_fwd_outputs"], profile,
                                      codegen=ctx.options.codegen,
-                                     force_swap=ctx.options.force_swap, name=ctx.graph_name)
+                                     force_swap=ctx.options.force_swap, name=ctx.graph_name,
+                                     removed_bytes=ctx.facts.get("removed_saved_bytes", 0))
     ledger = ctx.budget_ledger  # its graphs so far: this graph's place in the model
     saved_plan = (plan_for_graph(saved_plans, list(problem.fingerprint),
                                  len(ledger.shares) if ledger is not None else None)
@@ -82,7 +87,7 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         stats["inductor"] = {"partition": "pending"}
         gm.meta[_compat.PARTITION_SEARCH] = BudgetedMinCut(
             plan.extra["fraction"], plan.budget_bytes, tuple(plan.extra["tagged"]),
-            stats["inductor"], ledger)
+            stats["inductor"], ledger, plain_fits=not plan.actions)
         return PassResult(gm, True, stats)
     if plan.actions:
         predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"],

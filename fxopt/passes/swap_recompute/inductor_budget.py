@@ -15,7 +15,9 @@ after Inductor's joint-graph passes, and
    autograd's, and a graph's share may be below ``f`` of its own bytes) it bisects the
    budget below the fraction for the largest value whose partition keeps at most the share,
    each trial on a copy of the joint graph; the bytes kept are the partitioned step's saved
-   activations (:func:`fxopt.analysis.memory.estimate_step_memory`);
+   activations (:func:`fxopt.analysis.memory.estimate_step_memory`). Where the graph keeps
+   no more than its share with everything kept (after recompute_rnn took an RNN's saves
+   out of it, say), Inductor's partition without a budget is tried first;
 2. keeps random ops exact: a random op (dropout) that min-cut chose to recompute in the
    backward would draw a new mask (Inductor with ``fallback_random`` then gets gradients
    wrong by 35-66%); the trial is partitioned again with that op tagged ``MUST_RECOMPUTE``,
@@ -73,6 +75,7 @@ class BudgetedMinCut:
     fallback_tags: tuple[str, ...]
     stats: dict[str, Any]
     ledger: BudgetLedger | None = None
+    plain_fits: bool = False  # everything kept is within the share: try no budget first
 
     def __call__(self, joint: fx.GraphModule, partition: Callable[..., Any]
                  ) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -86,7 +89,7 @@ class BudgetedMinCut:
             trials.append((budget, kept, result))
             return kept
 
-        first = self.fraction if self.fraction < 1 else None
+        first = self.fraction if self.fraction < 1 and not self.plain_fits else None
         fits: tuple[float | None, int, Any] | None = None
         if trial(first) <= self.target_bytes:
             fits = trials[-1]

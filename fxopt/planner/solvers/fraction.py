@@ -74,12 +74,15 @@ class SavedBytesProblem:
     always_kept: tuple[str, ...]         # storages of saved tensors without an option
     options: tuple[RecomputeOption, ...]
     node_seconds: dict[str, float]       # chain node -> its roofline seconds
+    # plain autograd's bytes a rewrite before autograd took out of the graph (recompute_rnn)
+    removed_bytes: int = 0
 
     @property
     def plain_bytes(self) -> int:
-        """Bytes kept with everything kept: plain autograd's."""
+        """Bytes kept with everything kept: plain autograd's (the graph's, and what the
+        rewrites before autograd took out of it, so a fraction's base stays eager's)."""
         kept = {*self.always_kept, *(s for o in self.options for s in o.storages)}
-        return sum(self.storage_bytes[s] for s in kept)
+        return sum(self.storage_bytes[s] for s in kept) + self.removed_bytes
 
 
 @dataclass

@@ -1,0 +1,183 @@
+"""recompute_rnn: under a memory budget, a traced ``nn.LSTM`` / ``nn.GRU`` call becomes the
+library's fused RNN saving only its inputs (``fxopt::recompute_rnn``), run again in the
+backward. The op is the library call bit for bit (outputs, strides, every gradient: both run
+its training kernel); compiled models keep eager's loss and gradients bit for bit, the pass
+fired and the step keeps at most the budget's share of eager's saved bytes; calls a replay
+cannot reproduce are declined with the reason."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxopt
+from fxopt import _compat
+from fxopt.analysis import measure_saved_bytes
+from fxopt.kernels.recompute_rnn import recompute_rnn
+from fxopt.testing import assert_same_as_eager
+
+EXACT = {torch.float32: (0.0, 0.0)}  # the same library kernels on the same inputs
+
+
+def _call(module: nn.RNNBase, x: torch.Tensor, states: list[torch.Tensor]) -> list:
+    output, last = module(x, tuple(states) if isinstance(module, nn.LSTM) else states[0])
+    return [output, *(last if isinstance(module, nn.LSTM) else [last])]
+
+
+@pytest.mark.parametrize("mode, layers, bidirectional, batch_first, bias", [
+    ("lstm", 2, True, False, True), ("lstm", 1, False, True, False),
+    ("gru", 3, False, True, True), ("gru", 2, True, False, False)])
+def test_op_is_the_library_call_bit_for_bit(mode, layers, bidirectional, batch_first, bias):
+    torch.manual_seed(0)
+    module = (nn.LSTM if mode == "lstm" else nn.GRU)(
+        7, 5, layers, bias=bias, batch_first=batch_first, bidirectional=bidirectional)
+    x = torch.randn(3, 4, 7, requires_grad=True)
+    batch = x.shape[0] if batch_first else x.shape[1]
+    states = [torch.randn(layers * (2 if bidirectional else 1), batch, 5, requires_grad=True)
+              for _ in range(2 if mode == "lstm" else 1)]
+    expected = _call(module, x, states)
+    actual = recompute_rnn(x, states, list(module._flat_weights), mode, bias, layers,
+                           bidirectional, batch_first)
+    assert [a.stride() for a in actual] == [e.stride() for e in expected]
+    assert all(torch.equal(a, e) for a, e in zip(actual, expected))
+    weights = [torch.randn_like(e) for e in expected]
+    leaves = [x, *states, *module._flat_weights]
+    expected_grads = torch.autograd.grad(expected, leaves, weights)
+    actual_grads = torch.autograd.grad(actual, leaves, weights)
+    assert all(torch.equal(a, e) for a, e in zip(actual_grads, expected_grads))
+
+
+@pytest.mark.parametrize("module", [
+    nn.LSTM(7, 6, 2, proj_size=4), nn.GRU(7, 5, 2, bidirectional=True, batch_first=True)],
+    ids=["lstm-proj", "gru-bidirectional"])
+def test_op_without_states_makes_the_module_s_zeros(module):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 7, requires_grad=True)
+    mode = "lstm" if isinstance(module, nn.LSTM) else "gru"
+    output, last = module(x)
+    expected = [output, *(last if mode == "lstm" else [last])]
+    actual = recompute_rnn(x, [], list(module._flat_weights), mode, True, 2,
+                           module.bidirectional, module.batch_first)
+    assert all(torch.equal(a, e) for a, e in zip(actual, expected, strict=True))
+    weights = [torch.randn_like(e) for e in expected]
+    leaves = [x, *module._flat_weights]
+    assert all(torch.equal(a, e) for a, e in zip(torch.autograd.grad(actual, leaves, weights),
+                                                  torch.autograd.grad(expected, leaves, weights)))
+
+
+def test_op_registration_is_consistent():
+    module = nn.LSTM(6, 5, 2, batch_first=True)
+    x = torch.randn(2, 3, 6, requires_grad=True)
+    states = [torch.zeros(2, 2, 5), torch.zeros(2, 2, 5)]
+    torch.library.opcheck(recompute_rnn, (x, states, list(module._flat_weights), "lstm", True,
+                                          2, False, True))
+
+
+class RNNLanguageModel(nn.Module):
+    """Embedding, a 2-layer batch-first ``nn.LSTM`` or ``nn.GRU``, a head, the LM loss."""
+
+    def __init__(self, mode: str, vocab: int = 29, hidden: int = 12, dropout: float = 0.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.rnn = (nn.LSTM if mode == "lstm" else nn.GRU)(hidden, hidden, 2, batch_first=True,
+                                                          dropout=dropout)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        states, _ = self.rnn(self.embed(ids))
+        return F.cross_entropy(self.head(states).flatten(0, 1), labels.flatten())
+
+
+def _tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return (torch.randint(0, 29, (3, 11), generator=generator),
+            torch.randint(0, 29, (3, 11), generator=generator))
+
+
+def _pass_stats(comparison) -> dict:
+    records = [r for r in comparison.passes if r.name == "recompute_rnn"]
+    assert records, "recompute_rnn did not run"
+    return records[0].stats
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_budget_recomputes_the_whole_call_with_eager_gradients(mode):
+    model, (ids, labels) = RNNLanguageModel(mode), _tokens()
+    options = {"codegen": "fx", "memory_budget": 0.5, "strict": True}
+    with _compat.dynamo_allow_rnn():
+        comparison = assert_same_as_eager(model, (ids, labels), options, steps=2,
+                                          tolerances=EXACT)
+        assert comparison.fired("recompute_rnn")
+        assert _pass_stats(comparison)["recomputed"] == {mode: 1}
+        calls = [n for g in comparison.graphs for n in g.graphs["dynamo"].graph.nodes
+                 if n.target is torch.ops.fxopt.recompute_rnn.default]
+        assert len(calls) == 1 and calls[0].args[1] == []  # the module's zeros: made inside
+        params = list(model.parameters())
+        eager = measure_saved_bytes(lambda: model(ids, labels), exclude=params).bytes
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=fxopt.backend(**options))
+        kept = measure_saved_bytes(lambda: compiled(ids, labels), exclude=params).bytes
+    # the call's own saves (every step's gates, eager's oneDNN workspace) are gone
+    assert kept <= 0.5 * eager
+
+
+def test_under_inductor_the_call_stays_the_library_s_and_nothing_else_is_recomputed():
+    """The default code generator under a fraction: Inductor compiles the rest of the graph
+    around the op; with the call's saves out of the graph, the rest fits its share with
+    Inductor's own partition (no activation_memory_budget)."""
+    model, (ids, labels) = RNNLanguageModel("lstm"), _tokens()
+    with _compat.dynamo_allow_rnn():
+        # Inductor's fused head and loss round differently from eager's ops: fp32 tolerance
+        comparison = assert_same_as_eager(model, (ids, labels), {
+            "codegen": "inductor", "memory_budget": 0.5, "strict": True})
+    assert comparison.fired("recompute_rnn")
+    inductor = [r.stats["inductor"] for r in comparison.passes if r.name == "swap_recompute"]
+    assert inductor and all(s["activation_memory_budget"] is None for s in inductor)
+
+
+def test_no_budget_leaves_the_call_alone():
+    model, (ids, labels) = RNNLanguageModel("lstm"), _tokens()
+    with _compat.dynamo_allow_rnn():
+        # eager runs oneDNN's fused LSTM, the graph AOTAutograd's per-step decomposition
+        # (the gate GEMMs summed in another order): equal to fp32 rounding, not bitwise
+        comparison = assert_same_as_eager(model, (ids, labels), {"codegen": "fx"},
+                                          tolerances={torch.float32: (1e-5, 1e-6)})
+    assert not comparison.fired("recompute_rnn")
+
+
+def test_inter_layer_dropout_while_training_is_declined():
+    model, (ids, labels) = RNNLanguageModel("lstm", dropout=0.25), _tokens()
+    backend = fxopt.backend(codegen="fx", memory_budget=0.5)
+    with _compat.dynamo_allow_rnn():
+        torch.compile(model, backend=backend)(ids, labels).backward()
+    records = [r for g in backend.graphs for r in g.pass_records("recompute_rnn")]
+    assert records and not any(r.fired for r in records)
+    assert records[0].stats["declined"] == {
+        "lstm: inter-layer dropout while training (a recompute would draw new masks)": 1}
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_fraction_base_keeps_a_lower_bound_of_the_calls_plain_bytes(mode):
+    """The bytes the pass reports taken out of the graph stay at or below what eager keeps
+    for the call (oneDNN on and off), and a fraction's base keeps them: at 0.5, under
+    ``strict``, the rest of the graph fits 0.5 as it is (taken of the graph alone, without
+    the call's saves, 0.5 would recompute part of it) and the step keeps at most 0.5 of
+    eager's bytes."""
+    model, (ids, labels) = RNNLanguageModel(mode), _tokens()
+    backend = fxopt.backend(codegen="fx", memory_budget=0.5, strict=True)
+    params = list(model.parameters())
+    with _compat.dynamo_allow_rnn():
+        compiled = torch.compile(model, backend=backend)
+        kept = measure_saved_bytes(lambda: compiled(ids, labels), exclude=params).bytes
+    removed = [r.stats["plain_saved_bytes_removed"] for g in backend.graphs
+               for r in g.pass_records("recompute_rnn") if r.fired]
+    assert len(removed) == 1 and removed[0] > 0
+    embedded = model.embed(ids).detach().requires_grad_()
+    for onednn in (True, False):
+        with torch.backends.mkldnn.flags(enabled=onednn):
+            call = measure_saved_bytes(lambda: model.rnn(embedded),
+                                       exclude=[embedded, *model.rnn.parameters()]).bytes
+        assert removed[0] <= call
+    swap = [r.stats for g in backend.graphs for r in g.pass_records("swap_recompute")]
+    assert swap and all(s.get("fits") and s["recompute"] == 0 for s in swap), swap
+    assert kept <= 0.5 * measure_saved_bytes(lambda: model(ids, labels), exclude=params).bytes
