@@ -10,7 +10,7 @@ rewritten call saves its inputs only. On a 2-layer ``nn.LSTM`` LM (hidden 256, s
 batch 8, CPU) the compiled step keeps 0.07 of eager's saved bytes in 1.4x eager's time
 where the decomposed call kept 0.12 in 1.8x (``benchmarks/results/budget_frontier_models_cpu.md``).
 
-Outputs and gradients are eager's bit for bit (the op's doc). Declined, with the reason in
+Outputs and gradients are eager's to fp32 rounding (the op's doc). Declined, with the reason in
 ``stats["declined"]``: packed sequences and unrecognised arguments, inter-layer dropout while
 training (a recompute would draw new masks), autocast regions (eager's dtypes there depend on
 the library path), a result used other than by index, and calls none of whose inputs require

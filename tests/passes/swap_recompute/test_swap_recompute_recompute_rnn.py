@@ -1,9 +1,11 @@
 """recompute_rnn: under a memory budget, a traced ``nn.LSTM`` / ``nn.GRU`` call becomes the
 library's fused RNN saving only its inputs (``fxopt::recompute_rnn``), run again in the
-backward. The op is the library call bit for bit (outputs, strides, every gradient: both run
-its training kernel); compiled models keep eager's loss and gradients bit for bit, the pass
-fired and the step keeps at most the budget's share of eager's saved bytes; calls a replay
-cannot reproduce are declined with the reason."""
+backward. The op is the library call bit for bit: its output is the inference kernel's (the
+call under ``no_grad``), its gradients eager's backward at the gradients given; compiled
+models keep eager's loss and gradients to fp32 rounding (the inference kernel's output
+differs from the training kernel's in the last bits), the pass fired and the step keeps at
+most the budget's share of eager's saved bytes; calls a replay cannot reproduce are
+declined with the reason."""
 
 import pytest
 import torch
@@ -16,18 +18,33 @@ from fxopt.analysis import measure_saved_bytes
 from fxopt.kernels.recompute_rnn import recompute_rnn
 from fxopt.testing import assert_same_as_eager
 
-EXACT = {torch.float32: (0.0, 0.0)}  # the same library kernels on the same inputs
 
-
-def _call(module: nn.RNNBase, x: torch.Tensor, states: list[torch.Tensor]) -> list:
-    output, last = module(x, tuple(states) if isinstance(module, nn.LSTM) else states[0])
+def _call(module: nn.RNNBase, x: torch.Tensor, states: list[torch.Tensor] | None = None
+          ) -> list:
+    hx = None if states is None else tuple(states) if isinstance(module, nn.LSTM) else states[0]
+    output, last = module(x, hx)
     return [output, *(last if isinstance(module, nn.LSTM) else [last])]
+
+
+def _assert_is_the_library_call(module: nn.RNNBase, x: torch.Tensor, states: list, actual):
+    """``actual`` (the op's outputs) is the call's under ``no_grad`` bit for bit (strides
+    too), and its gradients are eager's at the same output gradients."""
+    with torch.no_grad():
+        inference = _call(module, x, states or None)
+    assert [a.stride() for a in actual] == [e.stride() for e in inference]
+    assert all(torch.equal(a, e) for a, e in zip(actual, inference, strict=True))
+    expected = _call(module, x, states or None)
+    weights = [torch.randn_like(e) for e in expected]
+    leaves = [x, *states, *module._flat_weights]
+    expected_grads = torch.autograd.grad(expected, leaves, weights)
+    actual_grads = torch.autograd.grad(actual, leaves, weights)
+    assert all(torch.equal(a, e) for a, e in zip(actual_grads, expected_grads, strict=True))
 
 
 @pytest.mark.parametrize("mode, layers, bidirectional, batch_first, bias", [
     ("lstm", 2, True, False, True), ("lstm", 1, False, True, False),
     ("gru", 3, False, True, True), ("gru", 2, True, False, False)])
-def test_op_is_the_library_call_bit_for_bit(mode, layers, bidirectional, batch_first, bias):
+def test_op_is_the_library_call(mode, layers, bidirectional, batch_first, bias):
     torch.manual_seed(0)
     module = (nn.LSTM if mode == "lstm" else nn.GRU)(
         7, 5, layers, bias=bias, batch_first=batch_first, bidirectional=bidirectional)
@@ -35,16 +52,9 @@ def test_op_is_the_library_call_bit_for_bit(mode, layers, bidirectional, batch_f
     batch = x.shape[0] if batch_first else x.shape[1]
     states = [torch.randn(layers * (2 if bidirectional else 1), batch, 5, requires_grad=True)
               for _ in range(2 if mode == "lstm" else 1)]
-    expected = _call(module, x, states)
     actual = recompute_rnn(x, states, list(module._flat_weights), mode, bias, layers,
                            bidirectional, batch_first)
-    assert [a.stride() for a in actual] == [e.stride() for e in expected]
-    assert all(torch.equal(a, e) for a, e in zip(actual, expected))
-    weights = [torch.randn_like(e) for e in expected]
-    leaves = [x, *states, *module._flat_weights]
-    expected_grads = torch.autograd.grad(expected, leaves, weights)
-    actual_grads = torch.autograd.grad(actual, leaves, weights)
-    assert all(torch.equal(a, e) for a, e in zip(actual_grads, expected_grads))
+    _assert_is_the_library_call(module, x, states, actual)
 
 
 @pytest.mark.parametrize("module", [
@@ -54,15 +64,9 @@ def test_op_without_states_makes_the_module_s_zeros(module):
     torch.manual_seed(0)
     x = torch.randn(3, 4, 7, requires_grad=True)
     mode = "lstm" if isinstance(module, nn.LSTM) else "gru"
-    output, last = module(x)
-    expected = [output, *(last if mode == "lstm" else [last])]
     actual = recompute_rnn(x, [], list(module._flat_weights), mode, True, 2,
                            module.bidirectional, module.batch_first)
-    assert all(torch.equal(a, e) for a, e in zip(actual, expected, strict=True))
-    weights = [torch.randn_like(e) for e in expected]
-    leaves = [x, *module._flat_weights]
-    assert all(torch.equal(a, e) for a, e in zip(torch.autograd.grad(actual, leaves, weights),
-                                                  torch.autograd.grad(expected, leaves, weights)))
+    _assert_is_the_library_call(module, x, [], actual)
 
 
 def test_op_registration_is_consistent():
@@ -105,8 +109,8 @@ def test_budget_recomputes_the_whole_call_with_eager_gradients(mode):
     model, (ids, labels) = RNNLanguageModel(mode), _tokens()
     options = {"codegen": "fx", "memory_budget": 0.5, "strict": True}
     with _compat.dynamo_allow_rnn():
-        comparison = assert_same_as_eager(model, (ids, labels), options, steps=2,
-                                          tolerances=EXACT)
+        # fp32 tolerance: the forward's inference kernel rounds its last bits differently
+        comparison = assert_same_as_eager(model, (ids, labels), options, steps=2)
         assert comparison.fired("recompute_rnn")
         assert _pass_stats(comparison)["recomputed"] == {mode: 1}
         calls = [n for g in comparison.graphs for n in g.graphs["dynamo"].graph.nodes
