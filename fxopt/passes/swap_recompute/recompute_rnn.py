@@ -7,8 +7,11 @@ fused RNN (oneDNN, cuDNN) in the forward, the same call run again and differenti
 backward. Left alone, AOTAutograd decomposes the call into per-step ops, which runs slower
 than the fused call and its recompute together and saves every step's gates; the
 rewritten call saves its inputs only. On a 2-layer ``nn.LSTM`` LM (hidden 256, seq 64,
-batch 8, CPU) the compiled step keeps 0.07 of eager's saved bytes in 1.4x eager's time
-where the decomposed call kept 0.12 in 1.8x (``benchmarks/results/budget_frontier_models_cpu.md``).
+batch 8, CPU) the compiled step keeps 0.067 of eager's saved bytes in 1.33x eager's time
+at any fraction, where the decomposed call under Inductor kept 0.12 at 0.5 in 1.69x
+(``benchmarks/results/budget_frontier_models_cpu.md``). A fraction's base keeps a lower
+bound of what the call would have saved (:func:`removed_saved_bytes`, the stat
+``plain_saved_bytes_removed``), so the fraction stays one of eager's bytes.
 
 Outputs and gradients are eager's to fp32 rounding (the op's doc). Declined, with the reason in
 ``stats["declined"]``: packed sequences and unrecognised arguments, inter-layer dropout while
