@@ -125,6 +125,20 @@ def test_budget_recomputes_the_whole_call_with_eager_gradients(mode):
     assert kept <= 0.5 * eager
 
 
+def test_dynamic_shapes_keep_the_call_and_the_module_s_states_as_inputs():
+    """With symbolic batch and length the call is still replaced; the module's zero states,
+    whose shapes would need a guard to compare, stay the op's inputs."""
+    model, (ids, labels) = RNNLanguageModel("gru"), _tokens()
+    with _compat.dynamo_allow_rnn():
+        # fp32 tolerance: the forward's inference kernel rounds its last bits differently
+        comparison = assert_same_as_eager(model, (ids, labels), {
+            "codegen": "fx", "memory_budget": 0.5, "strict": True}, dynamic=True)
+    assert comparison.fired("recompute_rnn")
+    calls = [n for g in comparison.graphs for n in g.graphs["dynamo"].graph.nodes
+             if n.target is torch.ops.fxopt.recompute_rnn.default]
+    assert len(calls) == 1 and len(calls[0].args[1]) == 1
+
+
 def test_under_inductor_the_call_stays_the_library_s_and_nothing_else_is_recomputed():
     """The default code generator under a fraction: Inductor compiles the rest of the graph
     around the op; with the call's saves out of the graph, the rest fits its share with
