@@ -29,8 +29,10 @@ measurement does not carry over:
   (benchmarks/results/budget_frontier_tempo_cpu.md). That was measured with tempo's custom
   ops, opaque extern kernels to Inductor; under Inductor tempo now inserts aten-only forms
   that it fuses (0.97-1.04x plain torch.compile's step without a budget,
-  benchmarks/results/fast_path_tempo_inductor_cpu.md), which this choice has not been
-  measured with;
+  benchmarks/results/fast_path_tempo_inductor_cpu.md). Re-measured with those on a quiet
+  machine (the same file's last section), Inductor is ahead on GPT-2 at 0.5 (0.182 of
+  eager's bytes against 0.206, in 0.95x fx's step) and ties on BERT; fx stays for now (it
+  compiles about 10x faster), switching is the next step;
 - a saved ``plan``: made by ``fxopt plan`` for fx code generation, replayed as made;
 - ``force_swap``: it exercises the fx path's swap runtime;
 - a byte budget: a bound on the predicted peak, which fxopt simulates on its fx graphs
