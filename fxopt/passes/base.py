@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from fxopt.config import Options
     from fxopt.planner.ledger import BudgetLedger
 
-__all__ = ["Stage", "GraphKind", "PassResult", "PassContext", "PassSpec", "RewriteCounter"]
+__all__ = ["Stage", "GraphKind", "PassResult", "PassContext", "PassSpec", "RewriteCounter",
+           "REMOVED_SAVED_BYTES"]
 
 
 # The stat by which a pre-autograd pass says how many of plain autograd's saved bytes it

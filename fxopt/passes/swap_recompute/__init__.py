@@ -23,8 +23,8 @@ Two rewrites run before autograd under the same flag: ``noop_dropout`` (:mod:`.n
 drops dropout calls that return their input, so the plain saved bytes a fraction is taken
 of are eager's; ``recompute_rnn`` (:mod:`.recompute_rnn`) makes each whole ``nn.LSTM`` /
 ``nn.GRU`` call the library's fused RNN that saves only its inputs and runs again in the
-backward (the call's own saves are then not in the graph's plain bytes either, so a
-fraction is taken of less than eager's and met with room to spare).
+backward; it reports a lower bound of the saved bytes it took out of the graph, which a
+fraction's base adds back (``removed_bytes``), so the fraction stays one of eager's bytes.
 
 A fraction is the model's: the graphs one backend compiles share it, each planned within
 what the graphs before it left (:mod:`fxopt.planner.ledger`; ``stats["share_bytes"]``).

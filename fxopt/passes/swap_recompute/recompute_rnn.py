@@ -135,9 +135,10 @@ def recompute_whole_rnns(gm: fx.GraphModule, allow=lambda: True) -> tuple[dict, 
             new = gm.graph.call_function(torch.ops.fxopt.recompute_rnn.default, arguments)
         new.meta["example_value"] = list(example_value(node))
         new.meta["fxopt"] = {"pass": PASS, "replaces": [node.name]}
+        states = states_of(node.args[1])
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
-        for state in states_of(node.args[1]):
+        for state in states:
             if not state.users:  # the module's zero states, made inside the op now
                 gm.graph.erase_node(state)
         replaced[mode] = replaced.get(mode, 0) + 1

@@ -116,6 +116,8 @@ def test_budget_recomputes_the_whole_call_with_eager_gradients(mode):
         calls = [n for g in comparison.graphs for n in g.graphs["dynamo"].graph.nodes
                  if n.target is torch.ops.fxopt.recompute_rnn.default]
         assert len(calls) == 1 and calls[0].args[1] == []  # the module's zeros: made inside
+        assert not [n for g in comparison.graphs for n in g.graphs["dynamo"].graph.nodes
+                    if n.target is torch.zeros]  # and gone from the graph
         params = list(model.parameters())
         eager = measure_saved_bytes(lambda: model(ids, labels), exclude=params).bytes
         torch._dynamo.reset()
