@@ -55,9 +55,12 @@ def _arguments(node: fx.Node, mode: str, in_autocast: bool) -> tuple:
     if len(states) != (2 if mode == "lstm" else 1) or not all(
             example_tensor(s) is not None for s in [x, *states]):
         raise _Decline("unrecognised input or initial state")
-    constants = (has_biases, layers, dropout, train, bidirectional, batch_first)
-    if any(isinstance(c, fx.Node) for c in constants):
-        raise _Decline("a flag that is not a constant")
+    flags = (has_biases, train, bidirectional, batch_first)
+    if not (all(isinstance(f, bool) for f in flags) and type(layers) is int
+            and isinstance(dropout, (int, float)) and not isinstance(dropout, bool)):
+        raise _Decline("a flag that is not a constant of its type")
+    if any(example_tensor(t).dim() != 3 for t in [x, *states]):
+        raise _Decline("unbatched input or state")
     if dropout and train and layers > 1:
         raise _Decline("inter-layer dropout while training (a recompute would draw new masks)")
     if in_autocast:
