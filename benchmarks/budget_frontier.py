@@ -6,7 +6,7 @@ fractions and per-block ``torch.utils.checkpoint``.
         vit mlp lstm handlstm] [--budgets 0.7 0.5 0.3] [--rounds 7] [--layers 4]
         [--hidden 256] [--seq 128] [--batch 4] [--image 64]
         [--curves "fxopt default" "fxopt fx" "fxopt inductor" inductor checkpoint]
-        [--tempo] [--png benchmarks/results/budget_frontier_cpu.png]
+        [--tempo] [--fuse-rnn] [--png benchmarks/results/budget_frontier_cpu.png]
 
 Each model is at the benchmark suite's CPU size (``budget_reach.suite_size``: GPT-2 and BERT
 at 4 layers, hidden 256, seq 128, batch 4, and the sizes it names for the others);
@@ -19,8 +19,8 @@ Curves (``--curves`` picks some; eager is always run, as the reference): ``fxopt
 column), ``fxopt fx`` and ``fxopt inductor`` (``codegen`` forced), ``inductor`` (plain
 ``torch.compile`` with ``activation_memory_budget``), each without a budget and at every
 fraction; ``checkpoint`` (``torch.utils.checkpoint``, non-reentrant, around each block
-that :data:`CHECKPOINT_POINT` names) is one point. ``--tempo`` turns tempo on in every fxopt
-configuration (the peers stay as they are).
+that :data:`CHECKPOINT_POINT` names) is one point. ``--tempo`` (``--fuse-rnn``) turns tempo
+(fuse_rnn) on in every fxopt configuration (the peers stay as they are).
 
 Per model (``budget_reach.build``: transformers' GPT-2, BERT, Llama, T5, ResNet and ViT,
 dropout where the config has it, eager attention; the 3-block MLP; the ``nn.LSTM`` language
@@ -124,16 +124,16 @@ CURVES = ("fxopt default", "fxopt fx", "fxopt inductor", "inductor")  # a line e
 CODEGEN = {"fxopt default": "auto", "fxopt fx": "fx", "fxopt inductor": "inductor"}
 
 
-def configurations(budgets: list[float], curves: list[str], tempo: bool
+def configurations(budgets: list[float], curves: list[str], passes: dict[str, bool]
                    ) -> dict[str, tuple[Callable, Callable]]:
-    """name -> (prepare(model) -> callable, context() around every call). An fxopt
-    configuration's callable has ``backend``: which code generator compiled its graphs."""
+    """name -> (prepare(model) -> callable, context() around every call). ``passes``: the
+    pass flags every fxopt configuration turns on. An fxopt configuration's callable has
+    ``backend``: which code generator compiled its graphs."""
     null = contextlib.nullcontext
 
     def fxopt_compiled(codegen: str, **options) -> Callable:
         def prepare(model: nn.Module) -> Callable:
-            backend = fxopt.backend(codegen=codegen, strict=True, tempo=tempo or None,
-                                    **options)
+            backend = fxopt.backend(codegen=codegen, strict=True, **passes, **options)
             compiled = torch.compile(model, backend=backend)
             compiled.backend = backend
             return compiled
@@ -154,6 +154,11 @@ def configurations(budgets: list[float], curves: list[str], tempo: bool
     return configs
 
 
+def _passes(args: argparse.Namespace) -> dict[str, bool]:
+    """The pass flags ``--tempo`` and ``--fuse-rnn`` turn on."""
+    return {flag: True for flag in ("tempo", "fuse_rnn") if getattr(args, flag)}
+
+
 def run_model(name: str, args: argparse.Namespace
               ) -> tuple[list[str], dict[str, tuple[float, float]]]:
     """The model's markdown table, and per configuration (saved bytes, step time) as
@@ -170,7 +175,7 @@ def _run_model(name: str, size: dict, args: argparse.Namespace
     _, kwargs = build(name, **size)
     prepared = {}
     for config, (prepare, context) in configurations(args.budgets, args.curves,
-                                                      args.tempo).items():
+                                                      _passes(args)).items():
         began = time.perf_counter()
         model, _ = build(name, **size)
         fn = prepare(model)
@@ -263,6 +268,8 @@ def main() -> None:
                         choices=[*CURVES, "checkpoint"])
     parser.add_argument("--tempo", action="store_true",
                         help="tempo=True in every fxopt configuration")
+    parser.add_argument("--fuse-rnn", action="store_true",
+                        help="fuse_rnn=True in every fxopt configuration")
     parser.add_argument("--png", help="also draw the curves to this PNG (needs matplotlib)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -272,7 +279,7 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = 64
     print(f"# budget_frontier: torch {torch.__version__}, CPU, 1 thread, {args.rounds} "
           "interleaved rounds; saved bytes measured with saved-tensor hooks; fxopt strict"
-          + ("; tempo=True in every fxopt configuration" if args.tempo else ""))
+          + "".join(f"; {flag}=True in every fxopt configuration" for flag in _passes(args)))
     results = {}
     for name in args.models:
         lines, results[name] = run_model(name, args)
