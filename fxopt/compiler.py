@@ -287,11 +287,10 @@ class _GraphCompiler:
             return estimate_joint_memory(gm, num_fwd_outputs)
 
         self.record.memory.setdefault("autograd", _report_only(estimate, joint))
+        removed = sum(r.stats.get(REMOVED_SAVED_BYTES, 0) for r in self.record.passes
+                      if r.stage == Stage.PRE_AUTOGRAD.value and r.fired)
         ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
-                            num_fwd_outputs=num_fwd_outputs,
-                            removed_saved_bytes=sum(
-                                r.stats.get(REMOVED_SAVED_BYTES, 0) for r in self.record.passes
-                                if r.stage == Stage.PRE_AUTOGRAD.value and r.fired))
+                            num_fwd_outputs=num_fwd_outputs, **{REMOVED_SAVED_BYTES: removed})
         joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
         self.record.graphs["joint"] = joint
         partition = (_compat.inductor_partition if self.options.codegen == "inductor"

@@ -31,9 +31,9 @@ import torch
 
 from fxopt import _compat
 
-__all__ = ["recompute_rnn", "recompute_rnn_backward", "RNN_FUNCTIONS", "zero_state_shapes"]
+__all__ = ["recompute_rnn", "recompute_rnn_backward", "zero_state_shapes"]
 
-RNN_FUNCTIONS = {"lstm": torch.lstm, "gru": torch.gru}
+_LIBRARY_CALLS = {"lstm": torch.lstm, "gru": torch.gru}
 
 
 def _private_saves() -> torch.autograd.graph.saved_tensors_hooks:
@@ -75,7 +75,7 @@ def _call(mode: str, x: torch.Tensor, hx: list[torch.Tensor], params: list[torch
     """``torch.lstm`` / ``torch.gru``, no dropout; no ``hx``: the module's zero states."""
     states = hx or [x.new_zeros(shape) for shape in zero_state_shapes(
         x, params, mode, num_layers, bidirectional, batch_first)]
-    return RNN_FUNCTIONS[mode](x, states if mode == "lstm" else states[0], params, has_biases,
+    return _LIBRARY_CALLS[mode](x, states if mode == "lstm" else states[0], params, has_biases,
                                num_layers, 0.0, True, bidirectional, batch_first)
 
 

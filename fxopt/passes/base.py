@@ -86,8 +86,8 @@ class PassContext:
     # e.g. before autograd). The runner calls it before and after each pass.
     estimate_memory: Callable[[fx.GraphModule], MemoryEstimate | None] = lambda gm: None
     rewrites: RewriteCounter = field(default_factory=RewriteCounter)
-    # Stage-specific facts: at the joint stage {"num_fwd_outputs": 3, "removed_saved_bytes":
-    # the REMOVED_SAVED_BYTES stats of the graph's pre-autograd passes that fired}.
+    # Stage-specific facts: at the joint stage {"num_fwd_outputs": 3, REMOVED_SAVED_BYTES:
+    # the sum of that stat over the graph's pre-autograd passes that fired}.
     facts: dict[str, Any] = field(default_factory=dict)
     # The model's fraction budget, shared by the graphs one Backend compiles
     # (fxopt.planner.ledger); None: this graph alone.

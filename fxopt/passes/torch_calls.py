@@ -10,12 +10,15 @@ resolves to (``F.linear`` is recorded as ``torch._C._nn.linear``, named by
 and :func:`example_value` / :func:`example_tensor` the fake value Dynamo recorded
 (``node.meta["example_value"]``). A pass that needs more (fuse_rnn refuses extra keyword
 arguments such as ``alpha=``) adds its rule on top.
+
+Whole ``nn.LSTM`` / ``nn.GRU`` calls (:data:`RNN_CALLS`, Dynamo traces them under
+``allow_rnn``) have one reading, :func:`rnn_call`, shared by fuse_rnn and recompute_rnn.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -23,7 +26,8 @@ import torch.nn.functional as F
 
 from fxopt import _compat
 
-__all__ = ["CALLS", "arg", "example_tensor", "example_value", "is_call"]
+__all__ = ["CALLS", "RNN_CALLS", "RnnCall", "arg", "example_tensor", "example_value",
+           "is_call", "rnn_call"]
 
 # operation -> (call_function targets, call_method names)
 CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
@@ -95,3 +99,46 @@ def example_tensor(node: Any) -> torch.Tensor | None:
     """:func:`example_value` when it is a tensor, else None."""
     value = example_value(node)
     return value if isinstance(value, torch.Tensor) else None
+
+
+# the calls nn.LSTM / nn.GRU make for a whole sequence (the input overload) -> their mode
+RNN_CALLS = {torch.lstm: "lstm", torch.gru: "gru"}
+
+
+class RnnCall(NamedTuple):
+    """A ``torch.lstm`` / ``torch.gru`` call's arguments, read by :func:`rnn_call`."""
+
+    mode: str                 # "lstm" or "gru"
+    x: fx.Node
+    states: list[fx.Node]     # [h0, c0] for an LSTM, [h0] for a GRU
+    params: list[fx.Node]
+    has_biases: bool
+    layers: int
+    dropout: float
+    train: bool
+    bidirectional: bool
+    batch_first: bool
+
+
+def rnn_call(node: fx.Node) -> RnnCall:
+    """The arguments of a call in :data:`RNN_CALLS`, or ValueError with what cannot be read:
+    unrecognised arguments, a packed sequence (``torch.lstm``'s data overload, whose weights
+    are not the third argument), an unrecognised initial state, or a flag that is not a
+    constant of its type. What a pass can rewrite beyond that is the pass's rule."""
+    mode = RNN_CALLS[node.target]
+    if node.kwargs or len(node.args) != 9:
+        raise ValueError("unrecognised arguments")
+    x, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first = node.args
+    if not isinstance(params, (list, tuple)) or not all(isinstance(p, fx.Node) for p in params):
+        raise ValueError("packed sequence")
+    states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
+    if len(states) != (2 if mode == "lstm" else 1) or any(example_tensor(s) is None
+                                                         for s in states):
+        raise ValueError("unrecognised initial state")
+    flags = (has_biases, train, bidirectional, batch_first)
+    if not (all(isinstance(f, bool) for f in flags) and type(layers) is int
+            and isinstance(dropout, (int, float)) and not isinstance(dropout, bool)):
+        raise ValueError("a flag that is not a constant of its type")
+    return RnnCall(mode, x, states, list(params), has_biases, layers, float(dropout), train,
+                   bidirectional, batch_first)
+

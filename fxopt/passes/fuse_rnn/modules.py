@@ -24,7 +24,7 @@ import torch.fx as fx
 from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
 from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem
 from fxopt.passes.fuse_rnn.hoist import LINEAR
-from fxopt.passes.torch_calls import example_tensor, example_value
+from fxopt.passes.torch_calls import RNN_CALLS, example_tensor, example_value, rnn_call
 
 # Unrolled time steps (layers x directions x steps) above which a module is left alone:
 # the Python graph and its compile time grow with every step.
@@ -35,28 +35,27 @@ class _Decline(Exception):
     pass
 
 
-def _parse(node: fx.Node, kind: str) -> tuple:
-    if node.kwargs or len(node.args) != 9:
-        raise _Decline("unrecognised arguments")
-    x, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first = node.args
-    if not isinstance(params, (list, tuple)):
-        raise _Decline("packed sequence")
-    if kind == "lstm" and not (isinstance(hx, (list, tuple)) and len(hx) == 2):
-        raise _Decline("unrecognised initial state")
-    directions = 2 if bidirectional else 1
-    if len(params) != layers * directions * (4 if has_biases else 2):
+def _parse(node: fx.Node) -> tuple:
+    try:
+        call = rnn_call(node)
+    except ValueError as why:
+        raise _Decline(str(why)) from None
+    directions = 2 if call.bidirectional else 1
+    if len(call.params) != call.layers * directions * (4 if call.has_biases else 2):
         raise _Decline("proj_size or an unexpected weight list")
-    if dropout and train and layers > 1:
+    if call.dropout and call.train and call.layers > 1:
         raise _Decline("inter-layer dropout while training")
-    xv = example_tensor(x)
+    xv = example_tensor(call.x)
     if xv is None or xv.dim() != 3:
         raise _Decline("unbatched input")
-    steps = xv.shape[1 if batch_first else 0]
+    steps = xv.shape[1 if call.batch_first else 0]
     if not isinstance(steps, int):
         raise _Decline("symbolic sequence length")
-    if steps * layers * directions > MAX_UNROLLED_STEPS:
+    if steps * call.layers * directions > MAX_UNROLLED_STEPS:
         raise _Decline(f"more than {MAX_UNROLLED_STEPS} unrolled steps")
-    return x, hx, list(params), has_biases, layers, directions, bool(batch_first), steps
+    hx = call.states if call.mode == "lstm" else call.states[0]
+    return (call.x, hx, call.params, call.has_biases, call.layers, directions,
+            call.batch_first, steps)
 
 
 def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
@@ -87,7 +86,7 @@ def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
 
 
 def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
-    x, hx, params, has_biases, layers, directions, batch_first, steps = _parse(node, kind)
+    x, hx, params, has_biases, layers, directions, batch_first, steps = _parse(node)
     h0, c0 = hx if kind == "lstm" else (hx, None)
     if rw.autocast.get(node):
         # Dynamo's fake value can disagree with eager here: on the CPU eager takes oneDNN's
@@ -138,9 +137,9 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
 
 def rewrite_modules(rw: Rewrite) -> None:
     """Unroll every ``torch.lstm`` / ``torch.gru`` call into fused cell steps."""
-    targets = {torch.lstm: "lstm", torch.gru: "gru"}
-    for node in [n for n in rw.graph.nodes if n.op == "call_function" and n.target in targets]:
-        kind = targets[node.target]
+    for node in [n for n in rw.graph.nodes
+                 if n.op == "call_function" and n.target in RNN_CALLS]:
+        kind = RNN_CALLS[node.target]
         try:
             _rewrite_one(rw, node, kind)
         except _Decline as why:

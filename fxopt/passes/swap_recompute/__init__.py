@@ -41,7 +41,7 @@ import torch.fx as fx
 from fxopt import _compat
 from fxopt.analysis import estimate_partitioned_memory
 from fxopt.config import MemoryBudget
-from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult
 from fxopt.passes.swap_recompute.apply import (
     SWAP_OPS,
     apply_decision,
@@ -68,7 +68,7 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     analysis, problem = step_problem(gm, ctx.facts["num_fwd_outputs"], profile,
                                      codegen=ctx.options.codegen,
                                      force_swap=ctx.options.force_swap, name=ctx.graph_name,
-                                     removed_bytes=ctx.facts.get("removed_saved_bytes", 0))
+                                     removed_bytes=ctx.facts.get(REMOVED_SAVED_BYTES, 0))
     ledger = ctx.budget_ledger  # its graphs so far: this graph's place in the model
     saved_plan = (plan_for_graph(saved_plans, list(problem.fingerprint),
                                  len(ledger.shares) if ledger is not None else None)

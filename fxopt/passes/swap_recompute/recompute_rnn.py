@@ -29,71 +29,67 @@ import torch
 import torch.fx as fx
 
 from fxopt import _compat
-from fxopt.kernels.recompute_rnn import RNN_FUNCTIONS, zero_state_shapes
+from fxopt.kernels.recompute_rnn import zero_state_shapes
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult
 from fxopt.passes.fuse_rnn.graph import autocast_dtypes
-from fxopt.passes.torch_calls import example_tensor, example_value
+from fxopt.passes.torch_calls import (
+    RNN_CALLS,
+    RnnCall,
+    example_tensor,
+    example_value,
+    rnn_call,
+)
 
 __all__ = ["recompute_rnn", "recompute_whole_rnns", "removed_saved_bytes"]
 
 PASS = "recompute_rnn"
-_MODES = {function: mode for mode, function in RNN_FUNCTIONS.items()}
 
 
 class _Decline(Exception):
     pass
 
 
-def _arguments(node: fx.Node, mode: str, in_autocast: bool) -> tuple:
-    """The op's arguments for one call, or :class:`_Decline` with the reason."""
-    if node.kwargs or len(node.args) != 9:
-        raise _Decline("unrecognised arguments")
-    x, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first = node.args
-    if not isinstance(params, (list, tuple)) or not all(isinstance(p, fx.Node) for p in params):
-        raise _Decline("packed sequence or unrecognised weights")
-    states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
-    if len(states) != (2 if mode == "lstm" else 1) or not all(
-            example_tensor(s) is not None for s in [x, *states]):
-        raise _Decline("unrecognised input or initial state")
-    flags = (has_biases, train, bidirectional, batch_first)
-    if not (all(isinstance(f, bool) for f in flags) and type(layers) is int
-            and isinstance(dropout, (int, float)) and not isinstance(dropout, bool)):
-        raise _Decline("a flag that is not a constant of its type")
-    if any(example_tensor(t).dim() != 3 for t in [x, *states]):
+def _arguments(node: fx.Node, in_autocast: bool) -> tuple[tuple, RnnCall]:
+    """The op's arguments for one call and the call as read, or :class:`_Decline` with the
+    reason."""
+    try:
+        call = rnn_call(node)
+    except ValueError as why:
+        raise _Decline(str(why)) from None
+    if any(example_tensor(t) is None or example_tensor(t).dim() != 3
+           for t in [call.x, *call.states]):
         raise _Decline("unbatched input or state")
-    if dropout and train and layers > 1:
+    if call.dropout and call.train and call.layers > 1:
         raise _Decline("inter-layer dropout while training (a recompute would draw new masks)")
     if in_autocast:
         raise _Decline("inside an autocast region (eager's dtypes depend on the library path)")
-    if not any(example_tensor(t).requires_grad for t in [x, *states, *params]):
+    if not any(example_tensor(t).requires_grad for t in [call.x, *call.states, *call.params]):
         raise _Decline("no input requires grad (nothing would be saved)")
     if any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
         raise _Decline("the result is used other than by index")
-    arguments = (x, states, list(params), mode, bool(has_biases), int(layers),
-                 bool(bidirectional), bool(batch_first))
-    if _module_zero_states(arguments, node):
-        return (x, [], *arguments[2:])
-    return arguments
+    states = [] if _module_zero_states(call, node) else call.states
+    return (call.x, states, call.params, call.mode, call.has_biases, call.layers,
+            call.bidirectional, call.batch_first), call
 
 
-def _module_zero_states(arguments: tuple, call: fx.Node) -> bool:
+def _module_zero_states(call: RnnCall, node: fx.Node) -> bool:
     """Whether the call's initial states are the zeros ``nn.LSTM``/``nn.GRU`` make when given
     none, made for this call alone: the op then makes them itself, so they are neither
     inputs nor saved (static shapes only: a symbolic one would need a guard to compare)."""
-    x, states, params, mode, _, layers, bidirectional, batch_first = arguments
-    values = [example_tensor(t) for t in (x, *params)]
-    shapes = zero_state_shapes(values[0], values[1:], mode, layers, bidirectional, batch_first)
-    for state, shape in zip(states, shapes, strict=True):
+    values = [example_tensor(t) for t in (call.x, *call.params)]
+    shapes = zero_state_shapes(values[0], values[1:], call.mode, call.layers,
+                               call.bidirectional, call.batch_first)
+    for state, shape in zip(call.states, shapes, strict=True):
         value = example_tensor(state)
         if (state.op != "call_function" or state.target is not torch.zeros
-                or list(state.users) != [call] or value.requires_grad
+                or list(state.users) != [node] or value.requires_grad
                 or value.dtype != values[0].dtype or any(map(_compat.is_symbolic, shape))
                 or tuple(value.shape) != tuple(shape)):
             return False
     return True
 
 
-def removed_saved_bytes(arguments: tuple) -> int:
+def removed_saved_bytes(call: RnnCall) -> int:
     """A lower bound on the bytes plain autograd keeps for one call that the rewritten graph
     no longer keeps. Per time step, layer and direction, any implementation that does not
     recompute keeps the gate activations (an LSTM's 4 of hidden size and its new cell state;
@@ -102,15 +98,15 @@ def removed_saved_bytes(arguments: tuple) -> int:
     bound, so that a fraction is never taken of more than plain autograd keeps: eager keeps
     more (on the CPU, 8 hidden-size tensors per LSTM step with oneDNN off, about 17 with it
     on)."""
-    x, _, params, mode, _, layers, bidirectional, batch_first = arguments
-    xv = example_tensor(x)
-    steps, batch = (_compat.size_hint(xv.shape[i], 1) for i in ((1, 0) if batch_first
+    xv = example_tensor(call.x)
+    steps, batch = (_compat.size_hint(xv.shape[i], 1) for i in ((1, 0) if call.batch_first
                                                                  else (0, 1)))
     # weight_hh_l0: (gates x hidden, hidden or proj_size)
-    rows, output = (_compat.size_hint(d, 1) for d in example_tensor(params[1]).shape)
-    hidden = rows // (4 if mode == "lstm" else 3)
-    per_step = (5 if mode == "lstm" else 4) * hidden * layers + output * (layers - 1)
-    directions = 2 if bidirectional else 1
+    rows, output = (_compat.size_hint(d, 1) for d in example_tensor(call.params[1]).shape)
+    lstm = call.mode == "lstm"
+    hidden = rows // (4 if lstm else 3)
+    per_step = (5 if lstm else 4) * hidden * call.layers + output * (call.layers - 1)
+    directions = 2 if call.bidirectional else 1
     return per_step * directions * steps * batch * xv.element_size()
 
 
@@ -124,10 +120,10 @@ def recompute_whole_rnns(gm: fx.GraphModule, allow=lambda: True) -> tuple[dict, 
     removed = 0
     autocast = autocast_dtypes(gm.graph)
     for node in [n for n in gm.graph.nodes
-                 if n.op == "call_function" and n.target in _MODES]:
-        mode = _MODES[node.target]
+                 if n.op == "call_function" and n.target in RNN_CALLS]:
+        mode = RNN_CALLS[node.target]
         try:
-            arguments = _arguments(node, mode, bool(autocast.get(node)))
+            arguments, call = _arguments(node, bool(autocast.get(node)))
         except _Decline as why:
             key = f"{mode}: {why}"
             declined[key] = declined.get(key, 0) + 1
@@ -138,20 +134,14 @@ def recompute_whole_rnns(gm: fx.GraphModule, allow=lambda: True) -> tuple[dict, 
             new = gm.graph.call_function(torch.ops.fxopt.recompute_rnn.default, arguments)
         new.meta["example_value"] = list(example_value(node))
         new.meta["fxopt"] = {"pass": PASS, "replaces": [node.name]}
-        states = states_of(node.args[1])
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
-        for state in states:
+        for state in call.states:
             if not state.users:  # the module's zero states, made inside the op now
                 gm.graph.erase_node(state)
         replaced[mode] = replaced.get(mode, 0) + 1
-        removed += removed_saved_bytes(arguments)
+        removed += removed_saved_bytes(call)
     return replaced, declined, removed
-
-
-def states_of(hx: fx.Node | list | tuple) -> list[fx.Node]:
-    return [s for s in (hx if isinstance(hx, (list, tuple)) else [hx])
-            if isinstance(s, fx.Node)]
 
 
 def recompute_rnn(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
