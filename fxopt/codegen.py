@@ -41,7 +41,8 @@ measurement does not carry over:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,7 @@ import torch.fx as fx
 from fxopt import _compat
 from fxopt.config import Options
 
-__all__ = ["Codegen", "FX", "INDUCTOR", "as_codegen", "resolve_codegen",
+__all__ = ["Codegen", "FX", "INDUCTOR", "as_codegen", "graph_device", "resolve_codegen",
            "FRACTION_EVIDENCE", "TEMPO_EVIDENCE"]
 
 FRACTION_EVIDENCE = "benchmarks/results/budget_frontier_cpu.md"
@@ -129,6 +130,31 @@ class Codegen:
         fx code generation (aten as the model calls it)."""
         return _compat.inductor_decompositions() if self._inductor else {}
 
+    def trace(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+              partition: Callable[..., Any] | None = None,
+              fw_compiler: Callable[..., Any] | None = None,
+              bw_compiler: Callable[..., Any] | None = None,
+              inference_compiler: Callable[..., Any] | None = None) -> Any:
+        """AOTAutograd on ``gm`` with compilation's flags for this generator (its
+        decompositions, input mutations kept, Inductor's graph context under Inductor):
+        ``partition`` (default: :attr:`partitioner`) gets the joint graph, the compilers
+        (default: run as fx Python) the partitioned graphs; AOTAutograd's callable. The one
+        caller of AOTAutograd (tests/test_layout_decisions.py), so every capture of a step
+        (compilation, ``fxopt plan``, explain's plain baseline, tempo='auto''s variants)
+        traces the joint graph compilation traces."""
+        def as_is(g: fx.GraphModule, _: Any) -> Any:
+            return _compat.boxed_fx_callable(g)
+
+        compilers = {} if inference_compiler is None else {
+            "inference_compiler": inference_compiler}
+        aot = _compat.aot_autograd(
+            fw_compiler=fw_compiler or as_is, bw_compiler=bw_compiler or as_is,
+            partition_fn=partition or self.partitioner, decompositions=self.decompositions(),
+            keep_inference_input_mutations=True, **compilers)
+        with (_compat.inductor_graph_context(example_inputs) if self.compiles_by_inductor
+              else contextlib.nullcontext()):
+            return aot(gm, list(example_inputs))
+
 
 FX = Codegen("fx")
 INDUCTOR = Codegen("inductor")
@@ -138,6 +164,13 @@ def as_codegen(value: Codegen | str) -> Codegen:
     """``value`` as a :class:`Codegen`: the analyses and the planner take a resolved one, or
     a generator's name from a direct caller (a test, a script)."""
     return value if isinstance(value, Codegen) else Codegen(value, "given by name")
+
+
+def graph_device(example_inputs: Sequence[Any]) -> torch.device:
+    """The device a graph's code is generated for: its inputs' accelerator, else the CPU."""
+    devices = {v.device for v in example_inputs if isinstance(v, torch.Tensor)}
+    accelerators = sorted((d for d in devices if d.type != "cpu"), key=str)
+    return accelerators[0] if accelerators else torch.device("cpu")
 
 
 def resolve_codegen(options: Options, device: torch.device) -> Codegen:

@@ -17,7 +17,6 @@ use) or Inductor's per-graph compiler.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import time
@@ -37,11 +36,19 @@ from fxopt.analysis.memory import (
     estimate_joint_memory,
     estimate_step_memory,
 )
-from fxopt.codegen import FX, Codegen, resolve_codegen
+from fxopt.codegen import FX, Codegen, graph_device, resolve_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.passes.base import REMOVED_SAVED_BYTES
-from fxopt.pipeline import Instrument, PassFailure, PassRecord, copy_graph_module, run_stage
+from fxopt.pipeline import (
+    Instrument,
+    PassFailure,
+    PassRecord,
+    capture_step,
+    copy_graph_module,
+    removed_saved_bytes,
+    run_stage,
+)
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.plan import load_plans
 
@@ -194,12 +201,6 @@ def _resolve(options: Mapping[str, Any] | None, mode: str | None) -> Options:
     return resolved
 
 
-def _device_of(values: Sequence[Any]) -> torch.device:
-    devices = {v.device for v in values if isinstance(v, torch.Tensor)}
-    accelerators = sorted((d for d in devices if d.type != "cpu"), key=str)
-    return accelerators[0] if accelerators else torch.device("cpu")
-
-
 def _debug_instruments(options: Options) -> tuple[Instrument, ...]:
     if options.debug_dir is None:
         return ()
@@ -225,7 +226,7 @@ class _GraphCompiler:
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
-        self.device = _device_of(example_inputs)
+        self.device = graph_device(example_inputs)
         self.codegen = self.record.codegen = resolve_codegen(self.options, self.device)
         self.record.dynamo_nodes = len(gm.graph.nodes)
         try:
@@ -249,23 +250,19 @@ class _GraphCompiler:
                         ) -> Callable[..., Any]:
         ctx = self._context(Stage.PRE_AUTOGRAD, GraphKind.DYNAMO, example_inputs)
         plain = gm
-        gm = run_stage(Stage.PRE_AUTOGRAD, gm, ctx, self.record.passes, self.instruments)
-        self.record.graphs["dynamo"] = gm
-        if gm is not plain:  # a pre-autograd pass changed it: the joint graph is not plain
-            self.record.memory["autograd"] = (
-                _report_only(_plain_joint_memory(example_inputs), plain)
-                if self.plain_baseline else None)
-        aot = _compat.aot_autograd(
-            fw_compiler=self._compile_forward,
-            bw_compiler=self._compile_backward,
-            inference_compiler=self._compile_inference,
-            partition_fn=self._partition,
-            decompositions=self.codegen.decompositions(),
-            keep_inference_input_mutations=True,
-        )
-        with (_compat.inductor_graph_context(example_inputs) if self.codegen.compiles_by_inductor
-              else contextlib.nullcontext()):
-            return aot(gm, list(example_inputs))
+
+        def traced(gm: fx.GraphModule) -> None:
+            self.record.graphs["dynamo"] = gm
+            if gm is not plain:  # a pre-autograd pass changed it: the joint is not plain
+                self.record.memory["autograd"] = (
+                    _report_only(_plain_joint_memory(example_inputs, ctx), plain)
+                    if self.plain_baseline else None)
+
+        return capture_step(gm, example_inputs, ctx, self.record.passes, self.instruments,
+                            traced=traced, partition=self._partition,
+                            fw_compiler=self._compile_forward,
+                            bw_compiler=self._compile_backward,
+                            inference_compiler=self._compile_inference)
 
     def _context(self, stage: Stage, kind: GraphKind, example_inputs: Sequence[Any],
                  estimate: Callable[[fx.GraphModule], MemoryEstimate | None] | None = None,
@@ -285,8 +282,7 @@ class _GraphCompiler:
             return estimate_joint_memory(gm, num_fwd_outputs)
 
         self.record.memory.setdefault("autograd", _report_only(estimate, joint))
-        removed = sum(r.stats.get(REMOVED_SAVED_BYTES, 0) for r in self.record.passes
-                      if r.stage == Stage.PRE_AUTOGRAD.value and r.fired)
+        removed = removed_saved_bytes(self.record.passes)
         ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
                             num_fwd_outputs=num_fwd_outputs, **{REMOVED_SAVED_BYTES: removed})
         joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
@@ -387,10 +383,11 @@ class _GraphCompiler:
             layout_optimization=self.options.memory_budget is None)
 
 
-def _plain_joint_memory(example_inputs: Sequence[Any]
+def _plain_joint_memory(example_inputs: Sequence[Any], ctx: PassContext
                         ) -> Callable[[fx.GraphModule], MemoryEstimate | None]:
-    """Plain autograd's predicted step memory of a Dynamo graph: AOTAutograd traces it as
-    fxopt's own compilation does (same flags), nothing compiled is kept."""
+    """Plain autograd's predicted step memory of a Dynamo graph: captured as fxopt's own
+    compilation captures it (:func:`~fxopt.pipeline.capture_step`, its flags for
+    ``ctx.codegen``) but with no pre-autograd pass; nothing compiled is kept."""
     def plain_joint_memory(gm: fx.GraphModule) -> MemoryEstimate | None:
         found: list[MemoryEstimate] = []
 
@@ -400,12 +397,7 @@ def _plain_joint_memory(example_inputs: Sequence[Any]
             return _compat.default_partition(joint, joint_inputs,
                                              num_fwd_outputs=num_fwd_outputs, **kwargs)
 
-        def as_is(g: fx.GraphModule, _: Any) -> Any:
-            return _compat.boxed_fx_callable(g)
-
-        aot = _compat.aot_autograd(fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition,
-                                   keep_inference_input_mutations=True)
-        aot(copy_graph_module(gm), list(example_inputs))
+        capture_step(copy_graph_module(gm), example_inputs, ctx, None, partition=partition)
         return found[0] if found else None
 
     return plain_joint_memory

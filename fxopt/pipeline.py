@@ -1,4 +1,6 @@
-"""The pass runner: the one place that does everything cross-cutting around a pass.
+"""The pass runner: the one place that does everything cross-cutting around a pass, and the
+one capture of a training step (:func:`capture_step`: the pre-autograd passes, then
+AOTAutograd's joint graph) that compilation, ``fxopt plan`` and explain share.
 
 For each pass of a stage (in `fxopt.passes.PIPELINE` order) the runner decides whether it
 runs (flag, default policy), gives it a private copy of the graph, times it,
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,12 +26,13 @@ from fxopt import _compat
 from fxopt.analysis.shapes import ensure_fake_values
 from fxopt.config import OptionError
 from fxopt.passes import PassContext, PassSpec, RewriteCounter, Stage, passes_for
-from fxopt.passes.base import Verdicts
+from fxopt.passes.base import REMOVED_SAVED_BYTES, Verdicts
 
 if TYPE_CHECKING:
     from fxopt.analysis.memory import MemoryEstimate
 
-__all__ = ["PassRecord", "Instrument", "PassFailure", "run_stage", "copy_graph_module"]
+__all__ = ["PassRecord", "Instrument", "PassFailure", "run_stage", "capture_step",
+           "removed_saved_bytes", "copy_graph_module"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +96,30 @@ def run_stage(stage: Stage, gm: fx.GraphModule, ctx: PassContext,
     for spec in passes_for(stage):
         gm = _run_pass(spec, gm, ctx, records, instruments, memory)
     return gm
+
+
+def capture_step(gm: fx.GraphModule, example_inputs: Sequence[Any], ctx: PassContext,
+                 records: list[PassRecord] | None, instruments: tuple[Instrument, ...] = (),
+                 *, traced: Callable[[fx.GraphModule], None] | None = None,
+                 **aot: Callable[..., Any]) -> Any:
+    """The one capture of a training step, shared by compilation, ``fxopt plan``'s capture
+    and explain's plain baseline, so a new pre-autograd pass reaches all three with no
+    edit: Dynamo's graph through the PRE_AUTOGRAD passes (:func:`run_stage`; ``records``
+    None: none run, plain autograd), ``traced(gm)`` with the graph they leave, then
+    AOTAutograd with compilation's flags for ``ctx.codegen``
+    (:meth:`fxopt.codegen.Codegen.trace`; ``aot``: its partition and compilers)."""
+    if records is not None:
+        gm = run_stage(Stage.PRE_AUTOGRAD, gm, ctx, records, instruments)
+    if traced is not None:
+        traced(gm)
+    return ctx.codegen.trace(gm, example_inputs, **aot)
+
+
+def removed_saved_bytes(records: list[PassRecord]) -> int:
+    """Plain autograd's saved bytes the pre-autograd passes that fired took out of the
+    graph (their ``REMOVED_SAVED_BYTES`` stat): a fraction's base keeps them."""
+    return sum(r.stats.get(REMOVED_SAVED_BYTES, 0) for r in records
+               if r.stage == Stage.PRE_AUTOGRAD.value and r.fired)
 
 
 class _LastEstimate:

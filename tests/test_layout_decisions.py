@@ -1,6 +1,9 @@
 """Decisions made in one place (issue 31), checked on the package's source: the code
 generator is resolved only by fxopt/codegen.py (no other module compares a generator's name
-or reads ``options.codegen``; they read the resolved ``Codegen``'s properties)."""
+or reads ``options.codegen``; they read the resolved ``Codegen``'s properties), and a step
+is captured one way: AOTAutograd is called only by ``Codegen.trace`` and the pre-autograd
+stage is run only by ``fxopt.pipeline.capture_step``, which compilation, ``fxopt plan``
+and explain's plain baseline share."""
 
 import ast
 import re
@@ -65,3 +68,35 @@ def test_the_checks_see_each_spelling():
     assert len(generator_name_tests(source)) == 3
     assert sorted(codegen_option_reads(source)) == [
         "ctx.options.codegen", "getattr(options, 'codegen')"]
+
+
+def calls(source: str, name: str) -> list[str]:
+    """The calls of ``name`` in ``source`` (``name(...)`` or ``anything.name(...)``)."""
+    return [ast.unparse(node) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and name in (
+                getattr(node.func, "attr", None), getattr(node.func, "id", None))]
+
+
+def pre_autograd_stages(source: str) -> list[str]:
+    """The ``run_stage(Stage.PRE_AUTOGRAD, ...)`` calls of ``source``."""
+    return [call for call in calls(source, "run_stage") if "PRE_AUTOGRAD" in call]
+
+
+def test_one_capture_of_a_step():
+    aot = {f"{p.relative_to(PACKAGE.parent)}": calls(p.read_text(), "aot_autograd")
+           for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "_compat.py"}
+    assert {path for path, found in aot.items() if found} == {"fxopt/codegen.py"}, (
+        "trace through fxopt.codegen.Codegen.trace (via fxopt.pipeline.capture_step with "
+        "the pre-autograd passes), not AOTAutograd directly")
+    stage = {f"{p.relative_to(PACKAGE.parent)}": pre_autograd_stages(p.read_text())
+             for p in sorted(PACKAGE.rglob("*.py"))}
+    assert {path: found for path, found in stage.items() if found} == {
+        "fxopt/pipeline.py": ["run_stage(Stage.PRE_AUTOGRAD, gm, ctx, records, instruments)"]}
+
+
+def test_the_capture_check_sees_each_spelling():
+    source = ("aot = _compat.aot_autograd(fw_compiler=f)\nx = aot_autograd()\n"
+              "gm = run_stage(Stage.PRE_AUTOGRAD, gm, ctx, [])\n"
+              "gm = run_stage(Stage.JOINT, gm, ctx, [])\n")
+    assert len(calls(source, "aot_autograd")) == 2
+    assert pre_autograd_stages(source) == ["run_stage(Stage.PRE_AUTOGRAD, gm, ctx, [])"]

@@ -1,19 +1,20 @@
 """Capture the joint forward+backward graphs of one training step, for planning offline.
 
-``fxopt plan`` and the planner's tests need the joint graph AOTAutograd builds, without
-running fxopt's passes (but for the two rewrites compilation under a budget makes before
-autograd, so a saved plan's graphs are compilation's: the dropout calls that return their
-input are dropped, whole ``nn.LSTM``/``nn.GRU`` calls become the recomputing op):
-:func:`capture_joints` compiles the model with a recording
-AOTAutograd backend configured as fxopt's (no decompositions, the default partition,
-input mutations kept), runs one step (``model(*inputs)``, then backward from the sum of
-the output, so a scalar loss is itself), and returns each graph's joint with its
-``num_fwd_outputs``. Gradients the step leaves on the parameters are cleared afterwards.
-Private torch APIs only through :mod:`fxopt._compat`.
+``fxopt plan`` and the planner's tests need the joint graph AOTAutograd builds as
+compilation builds it: :func:`capture_joints` captures each Dynamo graph through
+compilation's one capture (:func:`fxopt.pipeline.capture_step`): the pre-autograd passes
+compilation under a budget runs (swap_recompute's flag: the dropout calls that return
+their input dropped, whole ``nn.LSTM``/``nn.GRU`` calls made the recomputing op; tempo is
+planned apart, ``--tempo auto``), then AOTAutograd with the code generator's flags, the
+generator resolved from the options and the graph's device as compilation resolves it.
+It runs one step (``model(*inputs)``, then backward from the sum of the output, so a
+scalar loss is itself) and returns each graph's joint with its ``num_fwd_outputs``.
+Gradients the step leaves on the parameters are cleared afterwards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +22,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxopt import _compat
-from fxopt.codegen import Codegen, as_codegen
-from fxopt.passes.swap_recompute.noop_dropout import drop_noop_dropouts
-from fxopt.passes.swap_recompute.recompute_rnn import recompute_whole_rnns
+from fxopt import _compat, config
+from fxopt.codegen import FX, Codegen, graph_device, resolve_codegen
+from fxopt.config import Options
+from fxopt.passes import GraphKind, PassContext, Stage
+from fxopt.pipeline import PassRecord, capture_step, removed_saved_bytes
 
 __all__ = ["CapturedJoint", "capture_dynamo", "capture_joints"]
 
@@ -34,34 +36,33 @@ class CapturedJoint:
     gm: fx.GraphModule
     num_fwd_outputs: int
     removed_bytes: int = 0  # plain saved bytes recompute_rnn took out (a fraction's base)
+    codegen: Codegen = FX  # the code generator compilation resolves for the graph
 
 
 def capture_joints(model: nn.Module, inputs: Sequence[Any], *, dynamic: bool = False,
-                   codegen: Codegen | str = "fx") -> list[CapturedJoint]:
-    """The joint graph of every Dynamo graph of one training step of ``model``, traced
-    with the decompositions compilation uses for ``codegen``."""
+                   options: Options | None = None) -> list[CapturedJoint]:
+    """The joint graph of every Dynamo graph of one training step of ``model``, captured
+    as compilation under ``options`` (default: the resolved defaults) captures it, with
+    swap_recompute's pre-autograd passes on and tempo off (module doc)."""
+    options = options if options is not None else config.resolve()
+    passes = dataclasses.replace(options, swap_recompute=True, tempo=None)
     torch.compiler.reset()
     found: list[CapturedJoint] = []
-    removed = [0]  # by the Dynamo graph being traced
-
-    def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
-        found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"], removed[0]))
-        return _compat.default_partition(joint, joint_inputs, **kwargs)
-
-    def run_as_is(gm: fx.GraphModule, _: Any) -> Any:
-        return _compat.boxed_fx_callable(gm)
-
-    aot = _compat.aot_autograd(fw_compiler=run_as_is, bw_compiler=run_as_is,
-                               partition_fn=partition, keep_inference_input_mutations=True,
-                               decompositions=as_codegen(codegen).decompositions())
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
-        # what compilation under a budget does before autograd (swap_recompute's flag)
-        dropped, recomputed = drop_noop_dropouts(gm), recompute_whole_rnns(gm)
-        removed[0] = sum(m.bytes for m in recomputed.matched.values())
-        if dropped or recomputed.matched:
-            gm.recompile()
-        return aot(gm, example_inputs)
+        device = graph_device(example_inputs)
+        ctx = PassContext(options=passes, stage=Stage.PRE_AUTOGRAD,
+                          graph_kind=GraphKind.DYNAMO, graph_name=f"g{len(found)}/dynamo",
+                          device=device, example_inputs=tuple(example_inputs),
+                          codegen=resolve_codegen(options, device))
+        records: list[PassRecord] = []
+
+        def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+            found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"],
+                                       removed_saved_bytes(records), ctx.codegen))
+            return _compat.default_partition(joint, joint_inputs, **kwargs)
+
+        return capture_step(gm, example_inputs, ctx, records, partition=partition)
 
     _backward(model, torch.compile(model, backend=backend, dynamic=dynamic)(*inputs))
     return found

@@ -91,10 +91,8 @@ def load_target(target: str) -> tuple[Any, tuple[Any, ...]]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    import torch
 
     from fxopt.cli.capture import capture_joints
-    from fxopt.codegen import resolve_codegen
     from fxopt.config import parse_memory_budget
     from fxopt.passes.swap_recompute import predict_plan_peak
     from fxopt.planner.frontier import pareto_frontier
@@ -132,12 +130,13 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     device = next((t.device for t in inputs if hasattr(t, "device")), None)
     hardware = profile_for(device or "cpu")
-    # the code generator compilation resolves for these options on this device
-    codegen = resolve_codegen(_compile_options(args, budget), torch.device(device or "cpu"))
-    joints = capture_joints(model, inputs, dynamic=args.dynamic, codegen=codegen)
+    # captured as compilation under these options captures it, each graph with the code
+    # generator compilation resolves for it
+    joints = capture_joints(model, inputs, dynamic=args.dynamic,
+                            options=_compile_options(args, budget))
     ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
     plans = []
-    built = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
+    built = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=joint.codegen,
                           name=f"g{index}", removed_bytes=joint.removed_bytes)
              for index, joint in enumerate(joints)]
     problems = [problem for _, problem in built]
@@ -146,12 +145,13 @@ def _plan(args: argparse.Namespace) -> int:
         shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source}){'; budget split by the frontiers' if args.joint else ''}")
-    print(f"code generation: {codegen} ({codegen.reason})")
     for index, (joint, problem) in enumerate(zip(joints, problems, strict=True)):
         print(f"\ng{index}: keep-all peak {format_bytes(problem.keep_all_peak_bytes)}, "
               f"activations {format_bytes(problem.activation_bytes)}, predicted "
               f"step {1e3 * problem.step_seconds:.3f} ms; "
               f"{len(problem.activations.activations)} saved tensors")
+        codegen = joint.codegen
+        print(f"code generation: {codegen} ({codegen.reason})")
         floor = solve_fraction(problem.saved_bytes, 0)
         print(f"floor of a fraction budget (everything recomputable recomputed): "
               f"{floor.floor_fraction:.3f} of plain autograd's saved bytes "
@@ -191,8 +191,8 @@ def _plan(args: argparse.Namespace) -> int:
             _print_symbolic(symbolic, fit, args.symbol)
             if args.max_batch:
                 _print_max_batch(symbolic, joint.gm, problem, budget.bytes, args.symbol)
-    if budget is not None and (args.tempo == "auto" or args.optimizer_subgroups):
-        _print_joint(model, inputs, budget, hardware, codegen, args, problems)
+    if budget is not None and joints and (args.tempo == "auto" or args.optimizer_subgroups):
+        _print_joint(model, inputs, budget, hardware, joints[0].codegen, args, problems)
     if args.save:
         print(f"plan saved: {save_plans(plans, args.save)}"
               f"{f' ({len(plans)} graphs)' if len(plans) > 1 else ''}")

@@ -52,7 +52,9 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                 codegen: Codegen | str = "fx") -> tuple[fx.GraphModule, int]:
     """The joint graph AOTAutograd builds for ``gm`` (a copy is traced) and its number of
-    forward outputs, with compilation's flags; nothing is compiled or run."""
+    forward outputs, with compilation's flags (:meth:`fxopt.codegen.Codegen.trace`; the
+    pre-autograd stage is where this runs, so no pre-autograd pass runs again); nothing is
+    compiled or run."""
     found: list[tuple[fx.GraphModule, int]] = []
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
@@ -61,14 +63,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         return _compat.default_partition(joint, joint_inputs,
                                          num_fwd_outputs=num_fwd_outputs, **kwargs)
 
-    def as_is(g: fx.GraphModule, _: Any) -> Any:
-        return _compat.boxed_fx_callable(g)
-
-    aot = _compat.aot_autograd(
-        fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition,
-        decompositions=as_codegen(codegen).decompositions(),
-        keep_inference_input_mutations=True)
-    aot(_copy(gm), list(example_inputs))
+    as_codegen(codegen).trace(_copy(gm), example_inputs, partition=partition)
     if not found:
         raise ValueError("fxopt: tempo='auto' found no joint graph (no input requires grad)")
     return found[0]
