@@ -63,14 +63,38 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """A memory budget: absolute bytes, or a fraction of plain autograd's activation memory.
+    """A memory budget, one type with one meaning per kind: ``fraction`` bounds the bytes a
+    step keeps for backward to that share of plain autograd's (the model's, shared by its
+    graphs); ``bytes`` bounds the step's predicted peak.
 
-    Exactly one of ``bytes`` and ``fraction`` is set. The swap/recompute pass and the planner
-    turn a fraction into bytes once they know the graph's activation memory.
+    Exactly one of ``bytes`` and ``fraction`` is set. The planner, its ledger and its
+    solvers take this value; each conversion to bytes is a named method here
+    (:meth:`saved_bytes_bound`, :meth:`peak_bytes_bound`).
     """
 
     bytes: int | None = None
     fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.fraction is None):
+            raise ValueError(f"fxopt: a MemoryBudget is bytes or a fraction, exactly one; "
+                             f"got bytes={self.bytes!r}, fraction={self.fraction!r}")
+
+    def saved_bytes_bound(self, plain_bytes: int) -> int:
+        """A fraction's bound on the bytes kept for backward: ``fraction`` x plain
+        autograd's ``plain_bytes``."""
+        if self.fraction is None:
+            raise ValueError(f"fxopt: {self} bounds the peak, not the saved bytes")
+        return int(self.fraction * plain_bytes)
+
+    def peak_bytes_bound(self, keep_all_peak: int, activation_bytes: int) -> int:
+        """The bound on the step's predicted peak: the bytes, or for a fraction ``f`` (where
+        only swaps are offered, which free the device at the peak, not saved bytes) the
+        peak when only ``f`` of the activations stay resident:
+        ``keep_all_peak - (1 - f) * activation_bytes``."""
+        if self.bytes is not None:
+            return self.bytes
+        return int(keep_all_peak - (1 - self.fraction) * activation_bytes)
 
     def __str__(self) -> str:
         if self.bytes is not None:

@@ -105,7 +105,7 @@ def subgroups_of(parameters: Iterable[Any], count: int) -> list[Subgroup]:
     return split_subgroups(infos, max(1, min(count, len(infos))))
 
 
-def plan_model(graphs: Sequence[dict[tuple[str, ...], StepProblem]], budget: Any,
+def plan_model(graphs: Sequence[dict[tuple[str, ...], StepProblem]], budget: MemoryBudget,
                hardware: HardwareProfile, *, subgroups: Sequence[Subgroup] | None = None,
                time_limit: float = 10.0) -> list[JointChoice]:
     """The joint choice for each graph of a model (``graphs``: each one's tempo variants,
@@ -114,7 +114,7 @@ def plan_model(graphs: Sequence[dict[tuple[str, ...], StepProblem]], budget: Any
     ``subgroups`` (a byte budget), the optimizer is planned jointly with the graph holding
     the most parameters and inputs, and the other graphs are planned in what its
     resident state leaves."""
-    fraction = getattr(budget, "fraction", None)
+    fraction = budget.fraction
     if subgroups is not None and fraction is not None:
         raise ValueError("fxopt: planning the optimizer state with the activations needs a "
                          "byte budget (e.g. 6GiB): a fraction bounds saved bytes only")

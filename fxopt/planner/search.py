@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fxopt.config import MemoryBudget
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.plan import Plan
 from fxopt.planner.step import StepProblem, plan_step
@@ -170,7 +171,7 @@ def best_candidate(candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
                   f"ms; {len(feasible)} of {len(candidates)} candidates meet it)")
 
 
-def quiet_plan(problem: StepProblem, budget: Any, hardware: HardwareProfile,
+def quiet_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: HardwareProfile,
                 **kwargs: Any) -> Plan:
     """``plan_step``'s plan for a candidate; a candidate that misses the budget is a row
     of the search, not a warning (the plan compilation applies warns for itself)."""
@@ -179,7 +180,7 @@ def quiet_plan(problem: StepProblem, budget: Any, hardware: HardwareProfile,
         return plan_step(problem, budget, hardware, strict=False, **kwargs)
 
 
-def choose_tempo(variants: dict[tuple[str, ...], StepProblem], budget: Any,
+def choose_tempo(variants: dict[tuple[str, ...], StepProblem], budget: MemoryBudget | None,
                  hardware: HardwareProfile, *,
                  plan: Callable[[StepProblem], Plan] | None = None) -> JointChoice:
     """The tempo kinds to rewrite: ``variants`` maps each set of kinds (sorted tuple; ``()``

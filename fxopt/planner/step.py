@@ -14,7 +14,7 @@ What a budget means, and who decides it:
   recomputable recomputed) the floor's plan is returned with one warning naming the floor
   as a fraction and in bytes, or :class:`InfeasibleBudget` is raised under ``strict``.
   When the problem offers swaps only (``force_swap``), a fraction bounds the peak instead
-  (:func:`budget_bytes_for`).
+  (:meth:`fxopt.config.MemoryBudget.peak_bytes_bound`).
 - bytes bound the predicted peak of the step (parameters, inputs, gradients, activations
   and temporaries; optimizer state lives outside the compiled step). ``solver`` picks who
   decides: ``"milp"`` (:mod:`fxopt.planner.solvers.milp`, the default; one that raises is
@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fxopt.config import MemoryBudget, parse_memory_budget
 from fxopt.planner.activations import ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.ledger import BudgetLedger
@@ -87,23 +88,23 @@ class StepProblem:
         default=None, compare=False, repr=False)
 
 
-def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
+def plan_step(problem: StepProblem, budget: MemoryBudget | None, hardware: HardwareProfile, *,
               solver: str = "milp", replay: Plan | None = None, strict: bool = False,
               time_limit: float = DEFAULT_TIME_LIMIT, ledger: BudgetLedger | None = None,
               share_bytes: int | None = None) -> Plan:
-    """The plan for ``problem`` under ``budget`` (``fxopt.config.MemoryBudget``, or None:
-    keep everything, or replay ``replay``) on ``hardware``; see the module doc."""
+    """The plan for ``problem`` under ``budget`` (None: keep everything, or replay
+    ``replay``) on ``hardware``; see the module doc."""
     if solver not in SOLVERS:
         raise ValueError(f"fxopt: solver {solver!r} is not one of {SOLVERS}")
     began = time.perf_counter()
     if replay is not None:
         replay.check_fingerprint(list(problem.fingerprint))
-    fraction = getattr(budget, "fraction", None)
     if replay is not None and "fraction" in replay.extra:
-        plan = _fraction_plan(problem, replay.extra["fraction"], hardware, strict, replay,
-                              ledger, share_bytes)
-    elif replay is None and fraction is not None and not problem.fraction_bounds_peak:
-        plan = _fraction_plan(problem, fraction, hardware, strict, None, ledger, share_bytes)
+        plan = _fraction_plan(problem, MemoryBudget(fraction=replay.extra["fraction"]),
+                              hardware, strict, replay, ledger, share_bytes)
+    elif (replay is None and budget is not None and budget.fraction is not None
+          and not problem.fraction_bounds_peak):
+        plan = _fraction_plan(problem, budget, hardware, strict, None, ledger, share_bytes)
     else:
         plan = _peak_plan(problem, budget, hardware, solver, replay, strict, time_limit)
     plan.graph = problem.graph
@@ -114,32 +115,31 @@ def plan_step(problem: StepProblem, budget: Any, hardware: HardwareProfile, *,
 
 
 def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> int:
-    """A peak budget in bytes from an option value: bytes (a bound on the step's predicted
-    peak, weights and gradients included) or a fraction ``f`` of plain autograd's
-    activation memory (the peak when only ``f`` of the activations may stay resident:
-    ``keep_all_peak - (1 - f) * activation_bytes``). Takes ``fxopt.config.MemoryBudget``
-    or a plain int/float."""
-    value_bytes = getattr(budget, "bytes", budget if isinstance(budget, int) else None)
-    fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
-    if isinstance(value_bytes, int) and not isinstance(value_bytes, bool) and value_bytes > 0:
-        return value_bytes
-    if isinstance(fraction, float) and 0 < fraction <= 1:
-        return int(keep_all_peak - (1 - fraction) * activation_bytes)
-    raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes nor a "
-                     "fraction in (0, 1]")
+    """A peak bound in bytes from an option value (a ``MemoryBudget``, int bytes or a float
+    fraction, validated as the option is): :meth:`MemoryBudget.peak_bytes_bound`."""
+    if not isinstance(budget, MemoryBudget):
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+            raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes nor "
+                             "a fraction in (0, 1]")
+        try:
+            budget = parse_memory_budget(budget)
+        except ValueError as error:
+            raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes "
+                             f"nor a fraction in (0, 1] ({error})") from error
+    return budget.peak_bytes_bound(keep_all_peak, activation_bytes)
 
 
-def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProfile,
+def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: HardwareProfile,
                    strict: bool, replay: Plan | None, ledger: BudgetLedger | None,
                    share_bytes: int | None) -> Plan:
-    saved = problem.saved_bytes
+    fraction, saved = budget.fraction, problem.saved_bytes
     shared = ledger is not None and bool(ledger.shares)  # graphs before this one
     if share_bytes is not None:
         target = share_bytes
     elif ledger is not None:
         target = ledger.share_for(fraction, saved.plain_bytes)
     else:
-        target = int(fraction * saved.plain_bytes)
+        target = budget.saved_bytes_bound(saved.plain_bytes)
     if replay is None:
         decision = solve_fraction(saved, target)
     else:
@@ -167,16 +167,16 @@ def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProf
     return plan
 
 
-def _peak_plan(problem: StepProblem, budget: Any, hardware: HardwareProfile, solver: str,
-               replay: Plan | None, strict: bool, time_limit: float) -> Plan:
-    value_bytes = getattr(budget, "bytes", None)
+def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: HardwareProfile,
+               solver: str, replay: Plan | None, strict: bool, time_limit: float) -> Plan:
+    value_bytes = budget.bytes if budget is not None else None
     if value_bytes is not None and value_bytes < problem.baseline_bytes:
         warnings.warn(f"fxopt: memory_budget {value_bytes} bytes is below {problem.graph}'s "
                       f"parameters and inputs ({problem.baseline_bytes} bytes): did you mean "
                       f"a fraction? (e.g. 0.5 keeps half of plain autograd's saved bytes)",
                       stacklevel=4)
     if budget is not None:
-        bound = budget_bytes_for(budget, problem.keep_all_peak_bytes, problem.activation_bytes)
+        bound = budget.peak_bytes_bound(problem.keep_all_peak_bytes, problem.activation_bytes)
     else:
         bound = (replay.budget_bytes if replay is not None else None) \
             or problem.keep_all_peak_bytes
