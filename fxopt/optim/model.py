@@ -31,6 +31,15 @@ rates of a :class:`~fxopt.planner.HardwareProfile`:
   kinds run one after the other.
 
 The predicted time of the optimizer phase is when the last update (or copy back) ends.
+
+The bytes are the runtime's buffers, exactly (``tests/optim/test_optim_accounting.py`` holds
+them to the profiler's categories). A "gpu" subgroup keeps ``states`` tensors of each
+parameter's size and dtype on the device; a "cpu" one keeps on the host, per element, an
+fp32 master, its fp32 gradient, ``states`` fp32 tensors and a staging buffer in the
+parameter's dtype (gradient in, parameter out), and on the device nothing beyond the
+parameter and its gradient, which every placement has. ``counter_bytes`` adds per-parameter
+scalar state (Adam's ``step``) where it lives. Parameters that never get a gradient have no
+state; the prediction counts them all.
 """
 
 from __future__ import annotations
@@ -86,7 +95,7 @@ class Prediction:
     seconds: float                  # the optimizer phase: t=0 to the last update or copy
     finish_seconds: tuple[float, ...]  # per subgroup
     gpu_state_bytes: int            # optimizer state resident on the device
-    host_bytes: int                 # fp32 master weights, state and gradient buffers
+    host_bytes: int                 # fp32 master weights, state, gradient and staging buffers
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,7 @@ class OffloadPlan:
     cpu_fraction: float | None = None
     states_per_param: int = 2
     contention: float = DEFAULT_CONTENTION
+    counter_bytes: tuple[int, int] = (0, 0)
 
     @property
     def cpu_share(self) -> float:
@@ -139,6 +149,8 @@ class OffloadPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OffloadPlan:
         data = {k: v for k, v in data.items() if k != "cpu_share"}
+        if "counter_bytes" in data:  # a list in JSON
+            data["counter_bytes"] = tuple(data["counter_bytes"])
         subgroups = tuple(SubgroupPlan(**{**s, "params": tuple(s["params"])})
                           for s in data.pop("subgroups"))
         return cls(subgroups=subgroups, **data)
@@ -177,14 +189,33 @@ def _cpu_update_seconds(s: Subgroup, hw: HardwareProfile) -> float:
     return s.numel / hw.cpu_update_params_per_second
 
 
-def _host_bytes(s: Subgroup, states: int) -> int:
-    return s.numel * 4 * (2 + states)  # fp32 master, fp32 gradient buffer, fp32 state
+def _device_bytes(s: Subgroup, states: int, counter: int) -> int:
+    return s.numel * s.itemsize * states + len(s.params) * counter
+
+
+def _host_bytes(s: Subgroup, states: int, counter: int) -> int:
+    # fp32 master, its fp32 gradient and fp32 state; the staging buffer in the param's dtype
+    return s.numel * (4 * (2 + states) + s.itemsize) + len(s.params) * counter
+
+
+def _check_counters(counter_bytes: Any) -> tuple[int, int]:
+    if (not isinstance(counter_bytes, (tuple, list)) or len(counter_bytes) != 2
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0
+                   for c in counter_bytes)):
+        raise ValueError(f"fxopt.optim: counter_bytes must be two ints >= 0 (device, host), "
+                         f"got {counter_bytes!r}")
+    return tuple(counter_bytes)
 
 
 def simulate(subgroups: Sequence[Subgroup], placements: Sequence[str], hardware: HardwareProfile,
-             *, states_per_param: int = 2, contention: float = DEFAULT_CONTENTION
-             ) -> Prediction:
-    """The predicted optimizer phase of one step for ``placements`` (one per subgroup)."""
+             *, states_per_param: int = 2, contention: float = DEFAULT_CONTENTION,
+             counter_bytes: tuple[int, int] = (0, 0)) -> Prediction:
+    """The predicted optimizer phase of one step for ``placements`` (one per subgroup).
+
+    ``counter_bytes``: the bytes of scalar state per parameter that a "gpu" subgroup keeps
+    on the device and a "cpu" one on the host (Adam's fp32 ``step``: (4, 4) on a CPU
+    device or with ``fused``/``capturable``, else (0, 4): on CUDA it stays on the host)."""
+    device_counter, host_counter = _check_counters(counter_bytes)
     if len(placements) != len(subgroups):
         raise ValueError(f"fxopt.optim: {len(placements)} placements for "
                          f"{len(subgroups)} subgroups")
@@ -217,9 +248,9 @@ def simulate(subgroups: Sequence[Subgroup], placements: Sequence[str], hardware:
         seconds = max([gpu_free, 0.0] + finish)
     return Prediction(
         seconds=seconds, finish_seconds=tuple(finish),
-        gpu_state_bytes=sum(s.numel * s.itemsize * states_per_param
+        gpu_state_bytes=sum(_device_bytes(s, states_per_param, device_counter)
                             for s, w in zip(subgroups, placements) if w == "gpu"),
-        host_bytes=sum(_host_bytes(s, states_per_param)
+        host_bytes=sum(_host_bytes(s, states_per_param, host_counter)
                        for s, w in zip(subgroups, placements) if w == "cpu"))
 
 
@@ -256,8 +287,8 @@ def _closest_share(subgroups: Sequence[Subgroup], candidates: Iterable[tuple[str
 
 def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
                  gpu_state_budget_bytes: int | None = None, cpu_fraction: float | None = None,
-                 states_per_param: int = 2, contention: float = DEFAULT_CONTENTION
-                 ) -> OffloadPlan:
+                 states_per_param: int = 2, contention: float = DEFAULT_CONTENTION,
+                 counter_bytes: tuple[int, int] = (0, 0)) -> OffloadPlan:
     """Choose a placement per subgroup.
 
     Among the placements whose resident GPU state fits ``gpu_state_budget_bytes`` (None: no
@@ -282,6 +313,7 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
                          f"got {states_per_param!r}")
     if not isinstance(contention, (int, float)) or contention < 1.0:
         raise ValueError(f"fxopt.optim: contention must be a number >= 1, got {contention!r}")
+    counter_bytes = _check_counters(counter_bytes)
     n = len(subgroups)
     candidates: Iterable[tuple[str, ...]] = _candidates(n)
     if cpu_fraction is not None:
@@ -289,7 +321,7 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
 
     def predict(placement: Sequence[str]) -> Prediction:
         return simulate(subgroups, placement, hardware, states_per_param=states_per_param,
-                        contention=contention)
+                        contention=contention, counter_bytes=counter_bytes)
 
     best: tuple[tuple[float, int, tuple[str, ...]], Prediction] | None = None
     for placement in candidates:
@@ -309,24 +341,25 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
             "CPU fraction")
     (_, _, placement), prediction = best
     return _offload_plan(subgroups, placement, prediction, hardware, gpu_state_budget_bytes,
-                         cpu_fraction, states_per_param, contention)
+                         cpu_fraction, states_per_param, contention, counter_bytes)
 
 
 def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
                   prediction: Prediction, hardware: HardwareProfile,
                   gpu_state_budget_bytes: int | None, cpu_fraction: float | None,
-                  states_per_param: int, contention: float) -> OffloadPlan:
+                  states_per_param: int, contention: float,
+                  counter_bytes: tuple[int, int] = (0, 0)) -> OffloadPlan:
     n = len(subgroups)
 
     def predict(placement: Sequence[str]) -> Prediction:
         return simulate(subgroups, placement, hardware, states_per_param=states_per_param,
-                        contention=contention)
+                        contention=contention, counter_bytes=counter_bytes)
 
     all_gpu, all_cpu = predict(("gpu",) * n), predict(("cpu",) * n)
     return OffloadPlan(
         subgroups=tuple(
             SubgroupPlan(index=i, params=s.params, numel=s.numel, placement=where,
-                         gpu_state_bytes=(s.numel * s.itemsize * states_per_param
+                         gpu_state_bytes=(_device_bytes(s, states_per_param, counter_bytes[0])
                                           if where == "gpu" else 0),
                          finish_seconds=prediction.finish_seconds[i])
             for i, (s, where) in enumerate(zip(subgroups, placement))),
@@ -334,7 +367,8 @@ def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
         all_cpu_seconds=all_cpu.seconds, gpu_state_bytes=prediction.gpu_state_bytes,
         all_gpu_state_bytes=all_gpu.gpu_state_bytes, host_bytes=prediction.host_bytes,
         hardware=hardware.name, gpu_state_budget_bytes=gpu_state_budget_bytes,
-        cpu_fraction=cpu_fraction, states_per_param=states_per_param, contention=contention)
+        cpu_fraction=cpu_fraction, states_per_param=states_per_param, contention=contention,
+        counter_bytes=tuple(counter_bytes))
 
 
 def offload_frontier(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,

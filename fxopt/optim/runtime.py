@@ -55,6 +55,7 @@ __all__ = [
     "SUPPORTED",
     "OffloadedOptimizer",
     "check_optimizer",
+    "counter_bytes",
     "states_per_param",
 ]
 
@@ -73,6 +74,22 @@ def states_per_param(optimizer: torch.optim.Optimizer) -> int:
     if isinstance(optimizer, torch.optim.SGD):
         return 1 if any(g.get("momentum", 0) for g in optimizer.param_groups) else 0
     return 3 if group.get("amsgrad") else 2
+
+
+def counter_bytes(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """Bytes of per-parameter scalar state (Adam's ``step``) a device subgroup keeps on the
+    device and a host subgroup on the host (the model's ``counter_bytes``). torch keeps
+    ``step`` on the host unless the update is fused or capturable; the host subgroups'
+    fused CPU update keeps an fp32 one."""
+    if isinstance(optimizer, torch.optim.SGD):
+        return 0, 0
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    on_device = (not params or params[0].device.type == "cpu"
+                 or any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups))
+    fused = any(g.get("fused") for g in optimizer.param_groups)
+    # an unfused step counter has the default dtype when that is float64, else fp32
+    scalar = 8 if torch.get_default_dtype() == torch.float64 and not fused else 4
+    return (scalar if on_device else 0), 4
 
 
 @dataclass
@@ -309,8 +326,10 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         now = _fingerprint(hp.param)
         if hp.synced == now:
             return
-        current = hp.param.detach()
-        if not torch.equal(current, hp.master.to(current.device, current.dtype)):
+        # compared on the host: a device-side copy of the master would be a full-size
+        # temporary on the device the offload is meant to relieve
+        current = hp.param.detach().to(hp.master.device)
+        if not torch.equal(current, hp.master.to(current.dtype)):
             hp.master.copy_(current)
             log.debug("fxopt.optim: a %s parameter changed outside step(); its master "
                       "weights follow it", tuple(current.shape))
