@@ -145,4 +145,8 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     plan = plan_offload(split_subgroups(infos, subgroups), hardware,
                         states_per_param=states_per_param(optimizer),
                         counter_bytes=counter_bytes(optimizer), **planning)
+    if plan.keeps_up() is False:
+        log.warning("fxopt.optim.offload: %s", plan.summary())
+    else:
+        log.info("fxopt.optim.offload: %s", plan.summary())
     return OffloadedOptimizer(optimizer, plan)

@@ -32,6 +32,15 @@ rates of a :class:`~fxopt.planner.HardwareProfile`:
 
 The predicted time of the optimizer phase is when the last update (or copy back) ends.
 
+Whether the host keeps up. The runtime updates the host subgroups in ``step()`` (after any
+gradient clipping), so their updates and copies back add ``host_overhead_seconds`` (the
+predicted phase minus all-on-the-device) to the step, and only the gradients' copies hide in
+the backward. The plan compares that overhead with the backward's length (the largest
+subgroup ``ready_seconds``: the first subgroup's last gradient, a lower bound of the
+backward and so of the step): within ``MAX_SLOWDOWN - 1`` of it,
+the step stays within ``MAX_SLOWDOWN`` times the plain one; beyond it the host cannot keep
+up at this CPU Adam rate, and :meth:`OffloadPlan.keeps_up` says so.
+
 The bytes are the runtime's buffers, exactly (``tests/optim/test_optim_accounting.py`` holds
 them to the profiler's categories). A "gpu" subgroup keeps ``states`` tensors of each
 parameter's size and dtype on the device; a "cpu" one keeps on the host, per element, an
@@ -53,12 +62,15 @@ from typing import Any
 from fxopt.planner.hardware import HardwareProfile
 
 __all__ = [
-    "PLACEMENTS", "ParamInfo", "Subgroup", "SubgroupPlan", "OffloadPlan", "Prediction",
+    "MAX_SLOWDOWN", "PLACEMENTS", "ParamInfo", "Subgroup", "SubgroupPlan", "OffloadPlan",
+    "Prediction",
     "split_subgroups", "simulate", "plan_offload", "offload_frontier",
 ]
 
 PLACEMENTS = ("gpu", "cpu")
 DEFAULT_CONTENTION = 1.1
+# The step-time target for offloading: at most this many times the plain step (issue 30).
+MAX_SLOWDOWN = 1.3
 # Up to this many subgroups every placement is evaluated (2**12 simulations, ~50 ms).
 EXHAUSTIVE_LIMIT = 12
 
@@ -130,6 +142,37 @@ class OffloadPlan:
     states_per_param: int = 2
     contention: float = DEFAULT_CONTENTION
     counter_bytes: tuple[int, int] = (0, 0)
+    backward_seconds: float = 0.0  # the backward's predicted length (0: unknown)
+
+    @property
+    def host_overhead_seconds(self) -> float:
+        """What the host subgroups add to the step: the predicted optimizer phase beyond
+        the all-on-the-device one."""
+        return max(0.0, self.predicted_seconds - self.all_gpu_seconds)
+
+    def keeps_up(self, limit: float = MAX_SLOWDOWN) -> bool | None:
+        """Whether the host's overhead is within ``limit - 1`` of the backward's length,
+        which keeps the step within ``limit`` times the plain one; None when the backward's
+        length is unknown (no recorded gradient order)."""
+        if self.host_overhead_seconds == 0.0:
+            return True
+        if self.backward_seconds <= 0.0:
+            return None
+        return self.host_overhead_seconds <= (limit - 1.0) * self.backward_seconds
+
+    def summary(self) -> str:
+        """One line: the share on the host, the device bytes it frees, the host's overhead
+        against the backward."""
+        freed = self.all_gpu_state_bytes - self.gpu_state_bytes
+        line = (f"{self.cpu_share:.0%} of parameters update on the host, freeing "
+                f"{freed / 2**20:.1f} MiB of device state; the host adds "
+                f"{self.host_overhead_seconds * 1e3:.3g} ms to the step")
+        verdict = self.keeps_up()
+        if verdict is None:
+            return line + " (the backward's length is unknown)"
+        return line + (f" against a backward of {self.backward_seconds * 1e3:.3g} ms: "
+                       + ("the host keeps up" if verdict else
+                          f"the host cannot keep up (more than {MAX_SLOWDOWN - 1:.0%} of it)"))
 
     @property
     def cpu_share(self) -> float:
@@ -368,7 +411,8 @@ def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
         all_gpu_state_bytes=all_gpu.gpu_state_bytes, host_bytes=prediction.host_bytes,
         hardware=hardware.name, gpu_state_budget_bytes=gpu_state_budget_bytes,
         cpu_fraction=cpu_fraction, states_per_param=states_per_param, contention=contention,
-        counter_bytes=tuple(counter_bytes))
+        counter_bytes=tuple(counter_bytes),
+        backward_seconds=max((s.ready_seconds for s in subgroups), default=0.0))
 
 
 def offload_frontier(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
