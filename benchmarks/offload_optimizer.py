@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-fraction", type=float, default=None,
                         help="interleaved: force this share of subgroups onto the CPU")
     args = parser.parse_args(argv)
-    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    # with an index: torch 2.11's memory calls reject a bare "cuda"
+    device = (torch.device("cpu") if args.smoke or not torch.cuda.is_available()
+              else torch.device("cuda", torch.cuda.current_device()))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     args.steps = args.steps or (3 if args.smoke else 10)
     args.batch = args.batch or (2 if args.smoke else 4)

@@ -31,7 +31,8 @@ def _train(compiled, optimizer, steps=2):
 
 
 def _build_train_drop(codegen, cpu_fraction):
-    """Weak references to everything a dropped training setup should free."""
+    """Weak references to everything a dropped training setup should free, and the backend
+    (kept: its records, the plan among them, must not hold the model)."""
     torch.manual_seed(0)
     model = MLP()
     backend = fxopt.backend(offload_optimizer=True, codegen=codegen)
@@ -44,15 +45,16 @@ def _build_train_drop(codegen, cpu_fraction):
     refs = [weakref.ref(o) for o in (model, optimizer, *model.parameters(),
                                      *optimizer.state_tensors("cpu"),
                                      *optimizer.state_tensors("gpu"))]
-    return refs
+    return refs, backend
 
 
 @pytest.mark.parametrize("cpu_fraction", FRACTIONS)
 @pytest.mark.parametrize("codegen", ["fx", "inductor"])  # Inductor: a 2-layer MLP, seconds
 def test_a_dropped_optimizer_frees_the_model_and_its_state(codegen, cpu_fraction):
-    refs = _build_train_drop(codegen, cpu_fraction)
+    refs, backend = _build_train_drop(codegen, cpu_fraction)
     torch._dynamo.reset()
     gc.collect()
+    assert backend.graphs  # still holding its compiled graphs' records
     alive = [r() for r in refs if r() is not None]
     assert not alive, (f"{len(alive)} of {len(refs)} objects outlived the model and the "
                        f"optimizer: {[type(o).__name__ for o in alive]}")
