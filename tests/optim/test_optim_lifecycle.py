@@ -114,11 +114,12 @@ def test_a_closed_optimizer_no_longer_copies_gradients():
 
 @pytest.mark.gpu
 def test_offloaded_optimizers_built_in_a_loop_return_their_device_memory():
-    """The H100 measurement of issue 28: each dropped offloaded AdamW kept 630-790 MiB."""
+    """The H100 measurement of issue 28: each dropped offloaded AdamW kept 630-790 MiB.
+    Every round of a loop ends where the first ended (the first also leaves what lives
+    for the process: cuBLAS workspaces)."""
     device = torch.device("cuda", torch.cuda.current_device())
-    gc.collect()
-    baseline = torch.cuda.memory_allocated(device)
-    for cpu_fraction in (0.5, 1.0, 0.5):
+    after = []
+    for cpu_fraction in (0.5, 1.0, 0.5, 1.0):
         model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(device)
         optimizer = offload(torch.optim.AdamW(model.parameters()), model,
                             cpu_fraction=cpu_fraction)
@@ -129,4 +130,5 @@ def test_offloaded_optimizers_built_in_a_loop_return_their_device_memory():
         torch.cuda.synchronize(device)
         del model, optimizer
         gc.collect()
-        assert torch.cuda.memory_allocated(device) == baseline, cpu_fraction
+        after.append(torch.cuda.memory_allocated(device))
+    assert after == [after[0]] * len(after), after
