@@ -116,7 +116,11 @@ def run(config: str, args: argparse.Namespace, device: torch.device,
         optimizer = fxopt.optim.offload(adamw, backend, model=compiled, cpu_fraction=1.0)
     elif config == "interleaved":
         state = sum(2 * p.numel() * p.element_size() for p in model.parameters())
-        planning = ({"cpu_fraction": args.cpu_fraction} if args.cpu_fraction is not None
+        # on a CPU device a budget never offloads (host and device are one memory): the
+        # smoke run forces the share instead, to exercise the path
+        fraction = args.cpu_fraction if args.cpu_fraction is not None else (
+            args.state_budget if device.type == "cpu" else None)
+        planning = ({"cpu_fraction": fraction} if fraction is not None
                     else {"gpu_state_budget_bytes": int(args.state_budget * state)})
         optimizer = fxopt.optim.offload(adamw, backend, model=compiled, **planning)
     if isinstance(optimizer, fxopt.optim.OffloadedOptimizer):

@@ -338,8 +338,10 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
     limit), and, when ``cpu_fraction`` is given, whose share of parameters on the CPU is
     the closest possible to it, the one with the least predicted time; ties go to less GPU
     state, then to the placement that comes first with "cpu" < "gpu" in subgroup order
-    (the earliest-ready subgroups offloaded first). Raises ``ValueError`` on bad arguments
-    and when no placement fits (possible only with a forced ``cpu_fraction``).
+    (the earliest-ready subgroups offloaded first). On a CPU device the host subgroups'
+    bytes count in the budget too (the same memory), so a budget never moves state to the
+    host there; ``cpu_fraction`` still forces it (for tests). Raises ``ValueError`` on bad
+    arguments and when no placement fits (a forced ``cpu_fraction``, or a CPU device).
     """
     if gpu_state_budget_bytes is not None and (
             isinstance(gpu_state_budget_bytes, bool) or not isinstance(gpu_state_budget_bytes, int)
@@ -370,12 +372,18 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
     for placement in candidates:
         prediction = predict(placement)
         if (gpu_state_budget_bytes is not None
-                and prediction.gpu_state_bytes > gpu_state_budget_bytes):
+                and _resident(prediction, hardware) > gpu_state_budget_bytes):
             continue
         # Times equal up to rounding are a tie (a sum in another order differs in ulps).
         rank = (round(prediction.seconds, 12), prediction.gpu_state_bytes, placement)
         if best is None or rank < best[0]:
             best = (rank, prediction)
+    if best is None and hardware.device_type == "cpu" and cpu_fraction is None:
+        raise ValueError(
+            f"fxopt.optim: on a CPU device the host is the device's memory: a host subgroup "
+            f"frees nothing (it adds an fp32 master, gradient and staging buffer to its "
+            f"state), so no placement keeps the optimizer within gpu_state_budget_bytes="
+            f"{gpu_state_budget_bytes}; raise it, or force host updates with cpu_fraction")
     if best is None:
         raise ValueError(
             f"fxopt.optim: no placement with the CPU share closest to "
@@ -385,6 +393,14 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
     (_, _, placement), prediction = best
     return _offload_plan(subgroups, placement, prediction, hardware, gpu_state_budget_bytes,
                          cpu_fraction, states_per_param, contention, counter_bytes)
+
+
+def _resident(prediction: Prediction, hardware: HardwareProfile) -> int:
+    """The optimizer's bytes in the device's memory: its device state, and on a CPU device
+    the host subgroups' bytes too (the same memory; moving state there costs more than it
+    frees)."""
+    return prediction.gpu_state_bytes + (prediction.host_bytes
+                                         if hardware.device_type == "cpu" else 0)
 
 
 def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
@@ -421,12 +437,11 @@ def offload_frontier(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *
     """The non-dominated placements, least resident bytes first: resident bytes (the device
     state; on a CPU device the host subgroups' bytes too, the same memory) against the
     predicted optimizer time. Ties go as in :func:`plan_offload`."""
-    host_counts = hardware.device_type == "cpu"
     points = []
     for placement in _candidates(len(subgroups)):
         p = simulate(subgroups, placement, hardware, states_per_param=states_per_param,
                      contention=contention)
-        resident = p.gpu_state_bytes + (p.host_bytes if host_counts else 0)
+        resident = _resident(p, hardware)
         points.append((resident, round(p.seconds, 12), p.gpu_state_bytes, placement, p))
     frontier: list[OffloadPlan] = []
     fastest = math.inf

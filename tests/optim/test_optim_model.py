@@ -157,6 +157,18 @@ def test_bytes_per_placement():
     assert p.host_bytes == 3 * MB * (4 * (2 + 2) + 2) + 4
 
 
+def test_on_a_cpu_device_a_budget_never_moves_state_to_the_host():
+    """There the host is the device's memory: a host subgroup costs more than it frees."""
+    groups = _groups(MB, MB)
+    state = simulate(groups, ["gpu", "gpu"], CPU_DEFAULT).gpu_state_bytes
+    assert set(plan_offload(groups, CPU_DEFAULT, gpu_state_budget_bytes=state)
+               .placement_of().values()) == {"gpu"}
+    with pytest.raises(ValueError, match="on a CPU device the host is the device's memory"):
+        plan_offload(groups, CPU_DEFAULT, gpu_state_budget_bytes=state // 2)
+    forced = plan_offload(groups, CPU_DEFAULT, cpu_fraction=1.0)  # forced: testing the path
+    assert forced.gpu_state_bytes + forced.host_bytes > state
+
+
 def test_keeping_up_is_the_host_overhead_against_the_backward():
     slow = plan_offload(_groups(MB, MB, ready=1e-6), H100, cpu_fraction=1.0)
     assert slow.host_overhead_seconds > 0.3 * 1e-6 and slow.keeps_up() is False
