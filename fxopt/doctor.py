@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fxopt.devices import indexed
+
 __all__ = ["CHECKS", "Check", "format_report", "report_json", "run_doctor"]
 
 log = logging.getLogger(__name__)
@@ -241,11 +243,11 @@ def check_memory(device: torch.device) -> dict[str, Any]:
         compiled(x).sum().backward()
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(indexed(device))
+        before = torch.cuda.memory_allocated(indexed(device))
         compiled(x).sum().backward()
         torch.cuda.synchronize()
-        measured = torch.cuda.max_memory_allocated(device) - before
+        measured = torch.cuda.max_memory_allocated(indexed(device)) - before
         predicted = sum(g.memory["fxopt"].peak_bytes for g in backend.graphs
                         if g.memory.get("fxopt"))
         results[f"budget {fraction}"] = {"measured MiB": round(measured / 2**20, 1),
@@ -318,7 +320,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
 
 def run_doctor(device: str | None = None, only: list[str] | None = None) -> list[Check]:
     """Run the checks (all, or ``only`` these) on ``device`` (default: CUDA if present)."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = indexed(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checks = []
     for name, check in CHECKS.items():
         if only and name not in only:

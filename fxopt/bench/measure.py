@@ -32,6 +32,7 @@ import torch
 
 from fxopt.bench.configs import Config
 from fxopt.bench.workloads import Workload
+from fxopt.devices import indexed
 from fxopt.profile import default_loss, profile_memory
 
 __all__ = ["Measurement", "Settings", "largest_batch", "measure"]
@@ -54,6 +55,10 @@ class Settings:
     steps: int = 5
     memory_cap: int | None = None   # bytes; None: no largest-batch search
     max_batch: int = 1024
+
+    def __post_init__(self) -> None:
+        # torch.cuda is given indexed devices only (fxopt.devices)
+        object.__setattr__(self, "device", indexed(self.device))
 
 
 @dataclass
@@ -98,7 +103,7 @@ def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> int:
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(indexed(device))
 
 
 class _Trainer:
@@ -215,20 +220,20 @@ def _fits(trainer: _Trainer, batch: int, settings: Settings) -> bool:
     if device.type != "cuda":
         peak, _ = trainer.peak(inputs)
         return peak <= cap
-    total = torch.cuda.get_device_properties(device).total_memory
+    total = torch.cuda.get_device_properties(indexed(device)).total_memory
     _release(device)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), indexed(device))
     try:
-        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_peak_memory_stats(indexed(device))
         trainer.step(inputs)
         _sync(device)
-        return torch.cuda.max_memory_allocated(device) <= cap
+        return torch.cuda.max_memory_allocated(indexed(device)) <= cap
     except torch.cuda.OutOfMemoryError:
         trainer.optimizer.zero_grad(set_to_none=True)
         return False
     finally:
         del inputs
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, indexed(device))
         _release(device)
 
 
