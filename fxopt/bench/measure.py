@@ -35,7 +35,7 @@ from fxopt.bench.workloads import Workload
 from fxopt.devices import indexed
 from fxopt.profile import default_loss, profile_memory
 
-__all__ = ["Measurement", "Settings", "largest_batch", "measure"]
+__all__ = ["Measurement", "Settings", "largest_batch", "measure", "timing_spread"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,16 @@ class Measurement:
     activation_bytes: int | None = None
     compile_s: float | None = None
     max_batch: int | None = None
+
+
+def timing_spread(times: list[float]) -> tuple[float | None, bool]:
+    """(spread, reliable) of step times: (slowest - fastest) / median (None for a zero
+    median), and whether there are at least ``RELIABLE_STEPS`` of them with a spread of at
+    most ``RELIABLE_SPREAD``."""
+    median = statistics.median(times)
+    spread = (max(times) - min(times)) / median if median > 0 else None
+    return spread, (len(times) >= RELIABLE_STEPS and spread is not None
+                    and spread <= RELIABLE_SPREAD)
 
 
 def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> int:
@@ -199,9 +209,7 @@ def _measure_with(trainer: _Trainer, result: Measurement, batch: int,
     times = [trainer.timed_step(inputs) for _ in range(settings.steps)]
     median = statistics.median(times)
     result.step_ms = 1e3 * median
-    result.step_spread = (max(times) - min(times)) / median if median > 0 else None
-    result.timing_reliable = (len(times) >= RELIABLE_STEPS and result.step_spread
-                              is not None and result.step_spread <= RELIABLE_SPREAD)
+    result.step_spread, result.timing_reliable = timing_spread(times)
     result.throughput = batch * workload.items(settings.smoke) / median
     result.compile_s = max(0.0, first - median)
     result.peak_bytes, result.activation_bytes = trainer.peak(inputs)
