@@ -308,28 +308,37 @@ def memory_problems(rows: list[tuple[float, int, int]],
     return problems
 
 
-def _step_peak(device: torch.device, fraction: float) -> tuple[int, int]:
-    """(measured, predicted) peak bytes of the deep MLP's second step under ``fraction``:
-    ``max_memory_allocated`` above what was allocated before it, and the planner's
-    ``memory["fxopt"]`` peak summed over the graphs."""
+def _step_peak(device: torch.device, fraction: float, width: int = 2048,
+               batch: int = 8192) -> tuple[int, int]:
+    """(measured, predicted) peak bytes of the deep MLP's second step under ``fraction``,
+    both above what the step starts with: on CUDA ``max_memory_allocated`` less what was
+    allocated before it (parameters, the input; on the CPU `fxopt.profile_memory`'s peak
+    less the same), and the planner's ``memory["fxopt"]`` peak less its baseline (the same
+    parameters and input, which its ``peak_bytes`` includes)."""
     from fxopt.compiler import Backend
+    from fxopt.profile import profile_memory
 
     torch.compiler.reset()
     torch.manual_seed(0)
-    model = _deep_mlp(2048).to(device)
-    x = torch.randn(8192, 2048, device=device)
+    model = _deep_mlp(width).to(device)
+    x = torch.randn(batch, width, device=device)
     backend = Backend({"memory_budget": fraction})
     compiled = torch.compile(model, backend=backend)
     compiled(x).sum().backward()
     model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(indexed(device))
-    torch.cuda.reset_peak_memory_stats(indexed(device))
-    before = torch.cuda.memory_allocated(indexed(device))
-    compiled(x).sum().backward()
-    torch.cuda.synchronize(indexed(device))
-    measured = torch.cuda.max_memory_allocated(indexed(device)) - before
-    predicted = sum(g.memory["fxopt"].peak_bytes for g in backend.graphs
-                    if g.memory.get("fxopt"))
+    if device.type == "cuda":
+        torch.cuda.synchronize(indexed(device))
+        torch.cuda.reset_peak_memory_stats(indexed(device))
+        before = torch.cuda.memory_allocated(indexed(device))
+        compiled(x).sum().backward()
+        torch.cuda.synchronize(indexed(device))
+        measured = torch.cuda.max_memory_allocated(indexed(device)) - before
+    else:
+        profile = profile_memory(compiled, (x,), steps=1, warmup=0)
+        measured = profile.peak_bytes - sum(profile.peak_categories[category]
+                                            for category in ("parameters", "inputs"))
+    predicted = sum(g.memory["fxopt"].peak_bytes - g.memory["fxopt"].baseline_bytes
+                    for g in backend.graphs if g.memory.get("fxopt"))
     return measured, predicted
 
 
