@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 # serialised with compute hide none, a working copy stream most (the first H100 run's
 # figure is in ../shared/gpu/h100-2026-11-26.md). PREDICTION_TOLERANCE: |predicted -
 # measured| / measured of a step's peak; what the simulation leaves out (kernels' own
-# workspaces, the allocator's rounding) is a few percent of this model's peak, never 10.
+# workspaces, the allocator's rounding) is small beside this model's peak (the CPU's
+# figures and the H100's, compared: benchmarks/results/doctor_memory_cpu.md).
 # SPEED_MARGIN: fxopt's defaults compile with Inductor on CUDA, so beyond GPU timing noise
 # (medians of interleaved steps) they should cost nothing: at most 1 + this of Inductor's.
 OVERLAP_FLOOR = 0.25
