@@ -1,7 +1,8 @@
 """The package's layout rules, checked on its source: fxopt's subpackages and top-level
 modules import each other without a cycle, none imports the command line (fxopt.cli) but
 ``fxopt.__main__``, no module passes 600 lines, and private torch APIs are used only
-through the adapters (fxopt/_compat.py, and the profiler's fxopt/profile/_torch.py)."""
+through the adapters (fxopt/_compat.py, and the profiler's fxopt/profile/_torch.py), and
+``torch.cuda`` is given devices with their index (fxopt/devices.py)."""
 
 import ast
 from collections import defaultdict
