@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 import fxopt
+from fxopt.devices import indexed
 from fxopt.profile import profile_memory
 
 
@@ -177,9 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-fraction", type=float, default=None,
                         help="interleaved: force this share of subgroups onto the CPU")
     args = parser.parse_args(argv)
-    # with an index: torch 2.11's memory calls reject a bare "cuda"
     device = (torch.device("cpu") if args.smoke or not torch.cuda.is_available()
-              else torch.device("cuda", torch.cuda.current_device()))
+              else indexed("cuda"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     args.steps = args.steps or (3 if args.smoke else 10)
     args.batch = args.batch or (2 if args.smoke else 4)

@@ -20,6 +20,7 @@ import pytest
 import torch
 from models import MLP
 
+from fxopt.devices import indexed
 from fxopt.optim import offload
 from fxopt.profile import profile_memory
 
@@ -86,7 +87,7 @@ def test_on_cuda_the_device_saving_is_the_state_placed_on_the_host(cpu_fraction)
     placed on the host leaves the device and the plan's predicted saving is within 5% of
     the measured one; over the whole step at least that much (the plain foreach update's
     full-size temporaries go too)."""
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = indexed("cuda")
 
     def peaks(make):
         torch.manual_seed(0)

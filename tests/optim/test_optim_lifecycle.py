@@ -13,6 +13,7 @@ import torch
 from models import MLP
 
 import fxopt
+from fxopt.devices import indexed
 from fxopt.optim import offload
 from fxopt.optim.worker import THREAD_PREFIX
 
@@ -117,7 +118,7 @@ def test_offloaded_optimizers_built_in_a_loop_return_their_device_memory():
     """The H100 measurement of issue 28: each dropped offloaded AdamW kept 630-790 MiB.
     Every round of a loop ends where the first ended (the first also leaves what lives
     for the process: cuBLAS workspaces)."""
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = indexed("cuda")
     after = []
     for cpu_fraction in (0.5, 1.0, 0.5, 1.0):
         model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(device)
