@@ -50,7 +50,8 @@ class HostWorker:
         ``wait``: join it, unless called from the thread itself."""
         self._stopped = True
         if self._executor is not None:
-            own = threading.current_thread().name.startswith(self.name)
+            # the executor names its thread "<name>_0"
+            own = threading.current_thread().name.startswith(self.name + "_")
             self._executor.shutdown(wait=wait and not own, cancel_futures=True)
             self._executor = None
 

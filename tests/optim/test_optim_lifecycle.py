@@ -15,7 +15,7 @@ from models import MLP
 import fxopt
 from fxopt.devices import indexed
 from fxopt.optim import offload
-from fxopt.optim.worker import THREAD_PREFIX
+from fxopt.optim.worker import THREAD_PREFIX, HostWorker
 
 FRACTIONS = (0.0, 0.5, 1.0)
 
@@ -111,6 +111,15 @@ def test_a_closed_optimizer_no_longer_copies_gradients():
     optimizer.close()
     model(torch.randn(3, 13)).sum().backward()  # no hook left to run
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_worker_stops_from_any_thread_and_refuses_work_after():
+    worker = HostWorker()
+    assert worker.submit(threading.current_thread).result().name.startswith(worker.name + "_")
+    worker.submit(worker.stop).result(timeout=10)  # from its own thread: no self-join
+    with pytest.raises(RuntimeError, match="stopped"):
+        worker.submit(print)
+    worker.stop()  # idempotent
 
 
 @pytest.mark.gpu
