@@ -37,9 +37,9 @@ gradient clipping), so their updates and copies back add ``host_overhead_seconds
 predicted phase minus all-on-the-device) to the step, and only the gradients' copies hide in
 the backward. The plan compares that overhead with the backward's length (the largest
 subgroup ``ready_seconds``: the first subgroup's last gradient, a lower bound of the
-backward and so of the step): within ``MAX_SLOWDOWN - 1`` of it,
-the step stays within ``MAX_SLOWDOWN`` times the plain one; beyond it the host cannot keep
-up at this CPU Adam rate, and :meth:`OffloadPlan.keeps_up` says so.
+backward and so of the step): within ``MAX_SLOWDOWN - 1`` of it, the step stays within
+``MAX_SLOWDOWN`` times the plain one; beyond it the host cannot keep up at this CPU Adam
+rate, and :meth:`OffloadPlan.keeps_up` says so.
 
 The bytes are the runtime's buffers, exactly (``tests/optim/test_optim_accounting.py`` holds
 them to the profiler's categories). A "gpu" subgroup keeps ``states`` tensors of each
