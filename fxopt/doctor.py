@@ -21,9 +21,10 @@ states it. On a CUDA device every check runs:
   interleaved; fxopt's median may exceed Inductor's by at most ``SPEED_MARGIN``.
 
 Without a GPU the CPU subset runs (kernels on the torch references, or on Triton's
-interpreter under ``TRITON_INTERPRET=1``; the host-sync check; the ahead-of-time compile of
-representative kernels for sm_80/sm_90, `fxopt.kernels.aot`) and the GPU-only checks are
-listed as skipped with the reason. The ``gpu``-marked tests call these same functions.
+interpreter under ``TRITON_INTERPRET=1``; the host-sync check; the offloaded optimizer's;
+the ahead-of-time compile of representative kernels for sm_80/sm_90, `fxopt.kernels.aot`)
+and the GPU-only checks are listed as skipped with the reason. The ``gpu``-marked tests
+call these same functions.
 Backends are passed as objects (:class:`fxopt.compiler.Backend`), never as the string
 ``"fxopt"``, so the checks work whether or not fxopt's entry point is installed.
 """
