@@ -201,7 +201,8 @@ def test_offload_optimizer_fails_when_the_offloaded_steps_differ(monkeypatch):
 
 
 class _Plan:
-    """An offload plan's figures: 2 * 4 KiB of fp32 state placed on the host."""
+    """An offload plan's figures: 4 KiB of fp32 state (512 parameters, two moments) placed
+    on the host, as the plan predicts."""
     subgroups = [SimpleNamespace(numel=512, placement="cpu"),
                  SimpleNamespace(numel=512, placement="gpu")]
     states_per_param, all_gpu_state_bytes, gpu_state_bytes = 2, 8192, 4096
