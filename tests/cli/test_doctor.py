@@ -284,7 +284,7 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
         return model
 
     monkeypatch.setattr(torch, "compile", compile_without_the_entry_point)
-    times = {"eager": [30.0] * 3, "inductor": [10.0, 11.0, 9.0], "fxopt": [10.5] * 3}
+    times = {"eager": [30.0] * 3, "torch.compile": [10.0, 11.0, 9.0], "fxopt": [10.5] * 3}
     monkeypatch.setattr(doctor, "_interleaved_ms", lambda steps, device: times)
     check = _run("speed")
     assert check.status == "ok", check.detail
@@ -292,7 +292,7 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
     times["fxopt"] = [12.0] * 3
     check = _run("speed")
     assert check.status == "failed" and "20% more than Inductor's 10" in check.detail
-    assert check.data == {"eager ms/step": 30.0, "inductor ms/step": 10.0,
+    assert check.data == {"eager ms/step": 30.0, "torch.compile ms/step": 10.0,
                           "fxopt ms/step": 12.0}
 
 
