@@ -3,7 +3,8 @@ generator is resolved only by fxopt/codegen.py (no other module compares a gener
 or reads ``options.codegen``; they read the resolved ``Codegen``'s properties), and a step
 is captured one way: AOTAutograd is called only by ``Codegen.trace`` and the pre-autograd
 stage is run only by ``fxopt.pipeline.capture_step``, which compilation, ``fxopt plan``
-and explain's plain baseline share."""
+and explain's plain baseline share; and a pass reports what it matched and declined only
+through its ``Verdicts`` (no free-form "reason", "declined", "skipped" stats)."""
 
 import ast
 import re
@@ -100,3 +101,30 @@ def test_the_capture_check_sees_each_spelling():
               "gm = run_stage(Stage.JOINT, gm, ctx, [])\n")
     assert len(calls(source, "aot_autograd")) == 2
     assert pre_autograd_stages(source) == ["run_stage(Stage.PRE_AUTOGRAD, gm, ctx, [])"]
+
+
+FREE_FORM_VERDICTS = {"reason", "declined", "skipped", "left_alone", "fused", "rewritten"}
+
+
+def free_form_verdicts(source: str) -> list[str]:
+    """``PassResult(...)`` calls whose stats spell a match or a decline as a key."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "PassResult":
+            for value in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(value, ast.Dict) and {
+                        k.value for k in value.keys if isinstance(k, ast.Constant)
+                } & FREE_FORM_VERDICTS:
+                    found.append(ast.unparse(node))
+    return found
+
+
+def test_every_pass_reports_through_the_verdicts():
+    found = [f"{p.relative_to(PACKAGE.parent)}: {call}"
+             for p in sorted((PACKAGE / "passes").rglob("*.py"))
+             for call in free_form_verdicts(p.read_text())]
+    assert not found, ("record matches and declines in Verdicts (fxopt/passes/README.md), "
+                       "not in stats:\n" + "\n".join(found))
+    assert free_form_verdicts('r = PassResult(gm, False, {"reason": "no budget"})\n')
+    assert free_form_verdicts('r = PassResult(gm, False, stats={"skipped": {}})\n')
+    assert not free_form_verdicts('r = PassResult(gm, True, v, {"plan": plan})\n')
