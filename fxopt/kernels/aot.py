@@ -76,6 +76,7 @@ class KernelSpec:
     source: str = ""
     num_warps: int = 4
     min_bytes_per_element: float | None = None  # each input read once, each output written once
+    one_layout: bool = False  # every tensor in one layout: no layout conversion may remain
 
 
 @dataclass
@@ -92,6 +93,8 @@ class KernelReport:
     bytes_per_element: float = 0.0  # of the masked (per-element operand) accesses
     operand_widths: list[int] = field(default_factory=list)  # widths of the masked ones
     min_bytes_per_element: float | None = None
+    layout_conversions: int = 0  # ttg.convert_layout ops left in the TTGIR
+    one_layout: bool = False
     error: str = ""
 
 
@@ -185,7 +188,10 @@ def pointwise_spec(program: Program, layout: Layout, label: str,
     """The generated kernel of ``program`` for ``layout`` at one of the autotuner's
     (BLOCK, num_warps) choices (default: the most elements per thread, the most registers).
     Its minimum traffic counts each output written once and each linearly addressed input
-    read once (a broadcast input's reads, mostly served by the cache, are not counted)."""
+    read once (a broadcast input's reads, mostly served by the cache, are not counted).
+    Every pointer and integer argument is specialized as divisible by 16, as the JIT
+    specializes a call on aligned tensors whose sizes and strides are multiples of 16; the
+    kernel must compile to one layout (see ``codegen.vector_elements``)."""
     name = "fxopt_aot_pointwise"
     index = "i64" if layout.wide else "i32"
     signature = {f"in{i}": _ptr(_TRITON_TYPE[d]) for i, d in enumerate(program.inputs)}
@@ -200,13 +206,14 @@ def pointwise_spec(program: Program, layout: Layout, label: str,
     signature["BLOCK"] = "constexpr"
     linear = [d for d, s in zip(program.inputs, layout.strided_inputs) if not s]
     linear += list(program.output_dtypes)
-    pointers = tuple(n for n in signature if signature[n].startswith("*"))
+    aligned = tuple(n for n in signature if signature[n] != "constexpr")
     block, warps = config or max(autotune_configs(layout), key=lambda c: c[0] / c[1])
     return KernelSpec(f"{label} [{block}/{warps}w]", signature, {"BLOCK": block},
-                      (*pointers, "numel"), block,
+                      aligned, block,
                       source=kernel_source(program, layout, name), attr=name,
                       num_warps=warps,
-                      min_bytes_per_element=float(sum(d.itemsize for d in linear)))
+                      min_bytes_per_element=float(sum(d.itemsize for d in linear)),
+                      one_layout=True)
 
 
 # ------------------------------------------------------------------ compiling (the child)
@@ -286,7 +293,8 @@ def compile_one(spec: KernelSpec, arch: int) -> KernelReport:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    report = KernelReport(spec.label, arch, min_bytes_per_element=spec.min_bytes_per_element)
+    report = KernelReport(spec.label, arch, min_bytes_per_element=spec.min_bytes_per_element,
+                          one_layout=spec.one_layout)
     try:
         fn = _jit_function(spec)
         names = list(spec.signature)
@@ -301,6 +309,7 @@ def compile_one(spec: KernelSpec, arch: int) -> KernelReport:
         report.error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
         return report
     report.shared_bytes = kernel.metadata.shared
+    report.layout_conversions = kernel.asm["ttgir"].count("ttg.convert_layout")
     loads, stores = _global_accesses(ptx)
     report.loads, report.stores = dict(loads), dict(stores)
     threads = spec.num_warps * 32
@@ -348,6 +357,9 @@ def problems(report: KernelReport) -> list[str]:
         found.append(f"{report.label} sm_{report.arch}: spills {report.spill_bytes} bytes")
     if report.registers > MAX_REGISTERS:
         found.append(f"{report.label} sm_{report.arch}: {report.registers} registers")
+    if report.one_layout and report.layout_conversions:
+        found.append(f"{report.label} sm_{report.arch}: {report.layout_conversions} layout "
+                     "conversions (its tensors should share one layout)")
     return found
 
 
