@@ -369,18 +369,21 @@ def _widths(counts: dict[int, int]) -> str:
 
 def format_table(reports: list[KernelReport]) -> str:
     """One line per kernel and arch: registers, spills, shared memory, global accesses by
-    width (``count x bits``), issued bytes per element against the minimum."""
-    header = (f"{'kernel':<46} {'arch':>5} {'regs':>4} {'spill':>5} {'smem':>6}  "
-              f"{'loads (n x bits)':<24} {'stores (n x bits)':<18} {'B/elem':>7} {'min':>5}")
+    width (``count x bits``), issued bytes per element against the minimum, layout
+    conversions left in the TTGIR."""
+    header = (f"{'kernel':<56} {'arch':>5} {'regs':>4} {'spill':>5} {'smem':>6}  "
+              f"{'loads (n x bits)':<24} {'stores (n x bits)':<18} {'B/elem':>7} {'min':>5} "
+              f"{'conv':>4}")
     lines = [header, "-" * len(header)]
     for r in reports:
         if r.error:
-            lines.append(f"{r.label:<46} {'sm_' + str(r.arch):>5} ERROR {r.error[:80]}")
+            lines.append(f"{r.label:<56} {'sm_' + str(r.arch):>5} ERROR {r.error[:80]}")
             continue
         minimum = "" if r.min_bytes_per_element is None else f"{r.min_bytes_per_element:.0f}"
-        lines.append(f"{r.label:<46} {'sm_' + str(r.arch):>5} {r.registers:>4} "
+        lines.append(f"{r.label:<56} {'sm_' + str(r.arch):>5} {r.registers:>4} "
                      f"{r.spill_bytes:>5} {r.shared_bytes:>6}  {_widths(r.loads):<24} "
-                     f"{_widths(r.stores):<18} {r.bytes_per_element:>7.2f} {minimum:>5}")
+                     f"{_widths(r.stores):<18} {r.bytes_per_element:>7.2f} {minimum:>5} "
+                     f"{r.layout_conversions:>4}")
     return "\n".join(lines)
 
 
