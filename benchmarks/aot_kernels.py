@@ -21,7 +21,9 @@ kernel's one layout allows. Exits 1 on a compile error, a spill, more than 255 r
 a layout conversion in a generated kernel (Triton 3.6 miscompiled one: h100-2026-11-26.md),
 a generated kernel above 1.05x its minimum or with a narrower access.
 
-    TRITON_INTERPRET=1 python benchmarks/aot_kernels.py > benchmarks/results/aot_kernels.txt
+    pip install --no-deps --target /tmp/triton36 triton==3.6.0   # the oldest supported
+    TRITON_INTERPRET=1 python benchmarks/aot_kernels.py --also-triton /tmp/triton36 \
+        > benchmarks/results/aot_kernels.txt
 """
 
 from __future__ import annotations
@@ -199,6 +201,25 @@ def traffic_table(reports, corpus_by_label) -> tuple[str, list[str]]:
     return "\n".join(lines), failures
 
 
+def _compile_again(specs: list[aot.KernelSpec], triton_path: str) -> list[str]:
+    """Every kernel compiled again with another Triton; its problems, labelled with it."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (triton_path, os.environ.get("PYTHONPATH")) if p)}
+    version = subprocess.run([sys.executable, "-c", "import triton; print(triton.__version__)"],
+                             env=env, capture_output=True, text=True, check=True).stdout.strip()
+    start = time.perf_counter()
+    reports = aot.compile_specs(specs, triton_path=triton_path)
+    found = [f"triton {version}: {p}" for r in reports for p in aot.problems(r)]
+    conversions = sum(r.layout_conversions for r in reports if r.one_layout)
+    print(f"\nThe same {len(specs)} kernels x {len(aot.ARCHS)} archs compiled with triton "
+          f"{version} ({time.perf_counter() - start:.0f} s): {sum(bool(r.error) for r in reports)}"
+          f" compile errors, {conversions} layout conversions in generated kernels, "
+          f"{len(found)} problem(s)")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=["gpt2-small", "bert-base",
@@ -206,6 +227,9 @@ def main() -> None:
                                                            "lstm-lm"])
     parser.add_argument("--random-regions", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--also-triton", metavar="DIR",
+                        help="compile every kernel again with the Triton installed in DIR "
+                             "(pip install --target DIR triton==3.6.0: the oldest supported)")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1: the corpus is collected on the CPU")
@@ -242,6 +266,8 @@ def main() -> None:
           " allows (16 bytes of its widest dtype)\n")
     print(table)
     failures = [p for r in reports for p in aot.problems(r)] + failures
+    if args.also_triton:
+        failures += _compile_again(specs, args.also_triton)
     print(f"\n{len(failures)} problem(s)" + "".join(f"\n  {f}" for f in failures))
     sys.exit(1 if failures else 0)
 

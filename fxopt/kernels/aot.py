@@ -321,16 +321,21 @@ def compile_one(spec: KernelSpec, arch: int) -> KernelReport:
 
 
 def compile_specs(specs: list[KernelSpec], archs: tuple[int, ...] = ARCHS,
-                  timeout: float = 1800) -> list[KernelReport]:
+                  timeout: float = 1800, triton_path: str | None = None) -> list[KernelReport]:
     """Compile every spec for every arch (see :func:`compile_jobs`)."""
-    return compile_jobs([(s, a) for s in specs for a in archs], timeout)
+    return compile_jobs([(s, a) for s in specs for a in archs], timeout, triton_path)
 
 
-def compile_jobs(jobs: list[tuple[KernelSpec, int]], timeout: float = 1800
-                 ) -> list[KernelReport]:
-    """Compile each (spec, arch) in one child process without Triton's interpreter."""
+def compile_jobs(jobs: list[tuple[KernelSpec, int]], timeout: float = 1800,
+                 triton_path: str | None = None) -> list[KernelReport]:
+    """Compile each (spec, arch) in one child process without Triton's interpreter; with
+    ``triton_path``, a folder holding another Triton (``pip install --target``), with that
+    one (fxopt supports Triton 3.6 and later: the oldest is checked this way)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud
+    if triton_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, env.get("PYTHONPATH"))
+                                            if p)
     payload = json.dumps([{"spec": asdict(s), "arch": a} for s, a in jobs])
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     result = subprocess.run([sys.executable, "-m", "fxopt.kernels.aot"], input=payload, check=False,
