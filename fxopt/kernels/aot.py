@@ -190,8 +190,10 @@ def pointwise_spec(program: Program, layout: Layout, label: str,
     Its minimum traffic counts each output written once and each linearly addressed input
     read once (a broadcast input's reads, mostly served by the cache, are not counted).
     Every pointer and integer argument is specialized as divisible by 16, as the JIT
-    specializes a call on aligned tensors whose sizes and strides are multiples of 16; the
-    kernel must compile to one layout (see ``codegen.vector_elements``)."""
+    specializes a call on aligned tensors whose sizes and strides are multiples of 16. A
+    kernel whose tensors are all addressed linearly must compile to one layout (see
+    ``codegen.vector_elements``); one that reads or writes by index arithmetic keeps a
+    conversion between its scalar gathers and its vector accesses, which is reported."""
     name = "fxopt_aot_pointwise"
     index = "i64" if layout.wide else "i32"
     signature = {f"in{i}": _ptr(_TRITON_TYPE[d]) for i, d in enumerate(program.inputs)}
@@ -213,7 +215,7 @@ def pointwise_spec(program: Program, layout: Layout, label: str,
                       source=kernel_source(program, layout, name), attr=name,
                       num_warps=warps,
                       min_bytes_per_element=float(sum(d.itemsize for d in linear)),
-                      one_layout=True)
+                      one_layout=not layout.any_strided)
 
 
 # ------------------------------------------------------------------ compiling (the child)
