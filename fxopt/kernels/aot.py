@@ -76,6 +76,7 @@ class KernelSpec:
     source: str = ""
     num_warps: int = 4
     min_bytes_per_element: float | None = None  # each input read once, each output written once
+    one_layout: bool = False  # every tensor in one layout: no layout conversion may remain
 
 
 @dataclass
@@ -92,6 +93,8 @@ class KernelReport:
     bytes_per_element: float = 0.0  # of the masked (per-element operand) accesses
     operand_widths: list[int] = field(default_factory=list)  # widths of the masked ones
     min_bytes_per_element: float | None = None
+    layout_conversions: int = 0  # ttg.convert_layout ops left in the TTGIR
+    one_layout: bool = False
     error: str = ""
 
 
@@ -185,7 +188,12 @@ def pointwise_spec(program: Program, layout: Layout, label: str,
     """The generated kernel of ``program`` for ``layout`` at one of the autotuner's
     (BLOCK, num_warps) choices (default: the most elements per thread, the most registers).
     Its minimum traffic counts each output written once and each linearly addressed input
-    read once (a broadcast input's reads, mostly served by the cache, are not counted)."""
+    read once (a broadcast input's reads, mostly served by the cache, are not counted).
+    Every pointer and integer argument is specialized as divisible by 16, as the JIT
+    specializes a call on aligned tensors whose sizes and strides are multiples of 16. A
+    kernel whose tensors are all addressed linearly must compile to one layout (see
+    ``codegen.vector_elements``); one that reads or writes by index arithmetic keeps a
+    conversion between its scalar gathers and its vector accesses, which is reported."""
     name = "fxopt_aot_pointwise"
     index = "i64" if layout.wide else "i32"
     signature = {f"in{i}": _ptr(_TRITON_TYPE[d]) for i, d in enumerate(program.inputs)}
@@ -200,13 +208,14 @@ def pointwise_spec(program: Program, layout: Layout, label: str,
     signature["BLOCK"] = "constexpr"
     linear = [d for d, s in zip(program.inputs, layout.strided_inputs) if not s]
     linear += list(program.output_dtypes)
-    pointers = tuple(n for n in signature if signature[n].startswith("*"))
+    aligned = tuple(n for n in signature if signature[n] != "constexpr")
     block, warps = config or max(autotune_configs(layout), key=lambda c: c[0] / c[1])
     return KernelSpec(f"{label} [{block}/{warps}w]", signature, {"BLOCK": block},
-                      (*pointers, "numel"), block,
+                      aligned, block,
                       source=kernel_source(program, layout, name), attr=name,
                       num_warps=warps,
-                      min_bytes_per_element=float(sum(d.itemsize for d in linear)))
+                      min_bytes_per_element=float(sum(d.itemsize for d in linear)),
+                      one_layout=not layout.any_strided)
 
 
 # ------------------------------------------------------------------ compiling (the child)
@@ -286,7 +295,8 @@ def compile_one(spec: KernelSpec, arch: int) -> KernelReport:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    report = KernelReport(spec.label, arch, min_bytes_per_element=spec.min_bytes_per_element)
+    report = KernelReport(spec.label, arch, min_bytes_per_element=spec.min_bytes_per_element,
+                          one_layout=spec.one_layout)
     try:
         fn = _jit_function(spec)
         names = list(spec.signature)
@@ -301,6 +311,7 @@ def compile_one(spec: KernelSpec, arch: int) -> KernelReport:
         report.error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
         return report
     report.shared_bytes = kernel.metadata.shared
+    report.layout_conversions = kernel.asm["ttgir"].count("ttg.convert_layout")
     loads, stores = _global_accesses(ptx)
     report.loads, report.stores = dict(loads), dict(stores)
     threads = spec.num_warps * 32
@@ -312,16 +323,21 @@ def compile_one(spec: KernelSpec, arch: int) -> KernelReport:
 
 
 def compile_specs(specs: list[KernelSpec], archs: tuple[int, ...] = ARCHS,
-                  timeout: float = 1800) -> list[KernelReport]:
+                  timeout: float = 1800, triton_path: str | None = None) -> list[KernelReport]:
     """Compile every spec for every arch (see :func:`compile_jobs`)."""
-    return compile_jobs([(s, a) for s in specs for a in archs], timeout)
+    return compile_jobs([(s, a) for s in specs for a in archs], timeout, triton_path)
 
 
-def compile_jobs(jobs: list[tuple[KernelSpec, int]], timeout: float = 1800
-                 ) -> list[KernelReport]:
-    """Compile each (spec, arch) in one child process without Triton's interpreter."""
+def compile_jobs(jobs: list[tuple[KernelSpec, int]], timeout: float = 1800,
+                 triton_path: str | None = None) -> list[KernelReport]:
+    """Compile each (spec, arch) in one child process without Triton's interpreter; with
+    ``triton_path``, a folder holding another Triton (``pip install --target``), with that
+    one (fxopt supports Triton 3.6 and later: the oldest is checked this way)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud
+    if triton_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, env.get("PYTHONPATH"))
+                                            if p)
     payload = json.dumps([{"spec": asdict(s), "arch": a} for s, a in jobs])
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     result = subprocess.run([sys.executable, "-m", "fxopt.kernels.aot"], input=payload, check=False,
@@ -348,6 +364,9 @@ def problems(report: KernelReport) -> list[str]:
         found.append(f"{report.label} sm_{report.arch}: spills {report.spill_bytes} bytes")
     if report.registers > MAX_REGISTERS:
         found.append(f"{report.label} sm_{report.arch}: {report.registers} registers")
+    if report.one_layout and report.layout_conversions:
+        found.append(f"{report.label} sm_{report.arch}: {report.layout_conversions} layout "
+                     "conversions (its tensors should share one layout)")
     return found
 
 
@@ -357,18 +376,21 @@ def _widths(counts: dict[int, int]) -> str:
 
 def format_table(reports: list[KernelReport]) -> str:
     """One line per kernel and arch: registers, spills, shared memory, global accesses by
-    width (``count x bits``), issued bytes per element against the minimum."""
-    header = (f"{'kernel':<46} {'arch':>5} {'regs':>4} {'spill':>5} {'smem':>6}  "
-              f"{'loads (n x bits)':<24} {'stores (n x bits)':<18} {'B/elem':>7} {'min':>5}")
+    width (``count x bits``), issued bytes per element against the minimum, layout
+    conversions left in the TTGIR."""
+    header = (f"{'kernel':<56} {'arch':>5} {'regs':>4} {'spill':>5} {'smem':>6}  "
+              f"{'loads (n x bits)':<24} {'stores (n x bits)':<18} {'B/elem':>7} {'min':>5} "
+              f"{'conv':>4}")
     lines = [header, "-" * len(header)]
     for r in reports:
         if r.error:
-            lines.append(f"{r.label:<46} {'sm_' + str(r.arch):>5} ERROR {r.error[:80]}")
+            lines.append(f"{r.label:<56} {'sm_' + str(r.arch):>5} ERROR {r.error[:80]}")
             continue
         minimum = "" if r.min_bytes_per_element is None else f"{r.min_bytes_per_element:.0f}"
-        lines.append(f"{r.label:<46} {'sm_' + str(r.arch):>5} {r.registers:>4} "
+        lines.append(f"{r.label:<56} {'sm_' + str(r.arch):>5} {r.registers:>4} "
                      f"{r.spill_bytes:>5} {r.shared_bytes:>6}  {_widths(r.loads):<24} "
-                     f"{_widths(r.stores):<18} {r.bytes_per_element:>7.2f} {minimum:>5}")
+                     f"{_widths(r.stores):<18} {r.bytes_per_element:>7.2f} {minimum:>5} "
+                     f"{r.layout_conversions:>4}")
     return "\n".join(lines)
 
 

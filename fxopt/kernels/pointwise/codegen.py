@@ -27,7 +27,7 @@ from fxopt.kernels import triton_interpreting
 from fxopt.kernels.pointwise.ops import EXPRESSIONS
 
 __all__ = ["Instr", "Layout", "Program", "Ref", "autotune_configs", "cached_kernels",
-           "cached_programs", "get_kernel", "kernel_source"]
+           "cached_programs", "get_kernel", "kernel_source", "vector_elements"]
 
 # ("in", i): the i-th tensor input; ("v", j): the j-th instruction's value; ("c", x): a number
 Ref = tuple[str, Any]
@@ -122,6 +122,25 @@ def _offset(prefix: str, strided: bool, ndim: int) -> str:
     return " + ".join(f"i{d} * {prefix}_s{d}" for d in range(ndim)) or "0"
 
 
+def vector_elements(program: Program, layout: Layout) -> int | None:
+    """Elements each thread moves per linear access, the same for every tensor of the
+    kernel: 16 bytes of its widest linearly addressed dtype (None: nothing is linear).
+
+    Triton's coalescing pass gives each load and store a layout from its own element
+    width (8 bf16 or 4 fp32 elements per thread), so a kernel that reads bf16 and writes
+    fp32 computes in two layouts joined by layout conversions; Triton 3.6's pass that
+    removes them rematerializes values after their uses in such kernels ("operand does
+    not dominate this use", GPT-2's GELU under CUDA bf16 autocast, h100-2026-11-26.md).
+    Capping every linear access's contiguity at one count (``tl.max_contiguous``, a
+    weaker promise than the true one) gives every access one layout and the kernel no
+    conversion at all; the narrower dtypes then move 8 bytes per access instead of 16.
+    """
+    sizes = [d.itemsize for d, s in zip(program.inputs, layout.strided_inputs) if not s]
+    sizes += [d.itemsize for d, s in zip(program.output_dtypes, layout.strided_outputs)
+              if not s]
+    return 16 // max(sizes) if sizes else None
+
+
 def kernel_source(program: Program, layout: Layout, name: str) -> str:
     """The Triton source of ``program`` for ``layout`` (a ``@triton.jit`` function)."""
     ndim = layout.ndim
@@ -134,7 +153,11 @@ def kernel_source(program: Program, layout: Layout, name: str) -> str:
         params += [f"{prefix}{i}_s{d}" for i, s in enumerate(flags) if s for d in range(ndim)]
     pid = "tl.program_id(0).to(tl.int64)" if layout.wide else "tl.program_id(0)"
     lines = ["@triton.jit", f"def {name}({', '.join(params)}, BLOCK: tl.constexpr):",
-             f"    offs = {pid} * BLOCK + tl.arange(0, BLOCK)", "    mask = offs < numel"]
+             f"    offs = {pid} * BLOCK + tl.arange(0, BLOCK)"]
+    vector = vector_elements(program, layout)
+    if vector:
+        lines.append(f"    offs = tl.max_contiguous(offs, {vector})")
+    lines.append("    mask = offs < numel")
     if layout.any_strided:
         lines.append("    rem = offs")
         for d in range(ndim - 1, 0, -1):
