@@ -51,6 +51,9 @@ PIPELINE: list[PassSpec] = [
         description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
     PassSpec(
         name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn,
+        default=lambda ctx: ctx.options.fuse_rnn == "auto",
+        default_text="off unless asked; 'auto': whole nn.LSTM/nn.GRU calls left to cuDNN "
+                     "where the GPU cost model predicts it faster",
         description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
     PassSpec(
         name="recompute_rnn", flag="swap_recompute", stages=(Stage.PRE_AUTOGRAD,),

@@ -82,6 +82,7 @@ class Rewrite:
     fused: dict[str, int] = field(default_factory=dict)
     declined: dict[str, int] = field(default_factory=dict)
     hoisted_projections: int = 0
+    cost_model: list[dict[str, Any]] = field(default_factory=list)  # whole calls priced
 
     def __post_init__(self) -> None:
         self.autocast = autocast_dtypes(self.gm.graph)
@@ -140,6 +141,9 @@ class Rewrite:
         return self.emit(op, a, b, state, bias_a, bias_b, list(order), replaces=replaces)
 
     def stats(self) -> dict[str, Any]:
-        return {"fused": dict(self.fused), "declined": dict(self.declined),
-                "hoisted_input_projections": self.hoisted_projections}
+        stats = {"fused": dict(self.fused), "declined": dict(self.declined),
+                 "hoisted_input_projections": self.hoisted_projections}
+        if self.cost_model:
+            stats["cost_model"] = list(self.cost_model)
+        return stats
 
