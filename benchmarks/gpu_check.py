@@ -63,6 +63,7 @@ from fxopt.bench import timing
 from fxopt.bench.configs import checkpoint_each
 from fxopt.bench.table import Case, Row, markdown_tables, run_cases, write_atomically
 from fxopt.bench.workloads import LSTMCellLoopLM, LSTMLanguageModel, gpt2
+from fxopt.devices import indexed
 
 REPO = Path(__file__).resolve().parent.parent
 log = logging.getLogger("gpu_check")
@@ -357,7 +358,7 @@ def _run_text(command: list[str]) -> str:
 
 def header(device: torch.device, argv: list[str], tiny: bool) -> str:
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(timing.indexed(device))
+        name = torch.cuda.get_device_name(indexed(device))
         driver = _run_text(["nvidia-smi", "--query-gpu=driver_version",
                             "--format=csv,noheader"]).splitlines()[0]
     else:
@@ -386,7 +387,7 @@ def header(device: torch.device, argv: list[str], tiny: bool) -> str:
 def gpu_slug(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu-tiny"
-    name = torch.cuda.get_device_name(timing.indexed(device))
+    name = torch.cuda.get_device_name(indexed(device))
     for known in ("H200", "H100", "A100", "L40S", "B200"):
         if known in name:
             return known.lower()

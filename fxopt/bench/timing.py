@@ -7,8 +7,8 @@ untimed and its wall time (synchronized) is kept as the compile time; ``warmup``
 calls follow, then ``steps`` timed ones. :func:`interleaved` times several candidates in
 rounds (one step of each per round, the order rotated every round), so that a load that
 comes and goes on a shared machine falls on all of them alike. :func:`peak_above` is
-``torch.cuda.max_memory_allocated`` on an *indexed* device (the allocator's statistics
-refuse a bare ``cuda``) less what was resident before.
+``torch.cuda.max_memory_allocated`` (on the device's index, `fxopt.devices.indexed`) less
+what was resident before.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from fxopt import _compat
+from fxopt.devices import indexed
 
-__all__ = ["Timing", "indexed", "interleaved", "one_thread", "peak_above", "release",
+__all__ = ["Timing", "interleaved", "one_thread", "peak_above", "release",
            "reset_peak", "resident_bytes", "sync", "time_steps"]
 
 
@@ -57,14 +58,6 @@ class Timing:
         """``median (min-max)`` in milliseconds, the shape of the GPU tables."""
         return (f"{self.median_ms:.{digits}f} ({self.min_ms:.{digits}f}-"
                 f"{self.max_ms:.{digits}f})")
-
-
-def indexed(device: torch.device | str) -> torch.device:
-    """``device`` with its index (the current CUDA device for a bare ``cuda``)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def sync(device: torch.device) -> None:
