@@ -6,8 +6,11 @@ launch per layer and direction from cuDNN's C++ loop, the recurrent GEMM and the
 chained per step on the device) and fuse_rnn's unrolled one (per step a GEMM and the
 Python cell op forward, the cell's backward op and four compiled launches backward, all
 paid by the host). ``fuse_rnn="auto"`` leaves the call to cuDNN when cuDNN is predicted
-faster (under a memory budget recompute_rnn then takes it: the whole call recomputed in
-the backward); ``fuse_rnn=True`` unrolls it anyway, warning once per call with the
+faster; recompute_rnn then takes it (its default on CUDA under "auto", budget or not), so
+it runs as one library call, recomputed in the backward, instead of AOTAutograd's per-step
+decomposition. The recompute adds the call's forward (by the counts of
+:func:`~fxopt.planner.forms.rnn_call_work`, well under the unrolled form's host time at
+the table's sizes); ``fuse_rnn=True`` unrolls it anyway, warning once per call with the
 predicted slowdown. Cells and hand-written loops are always fused: the table shows the
 fused LSTMCell loop ahead of eager (benchmarks/results/gpu_h100_2026-11-26.md). On other
 devices there is no library kernel to compare with (the CPU's RNN is not cuDNN), and the

@@ -61,6 +61,23 @@ def test_auto_leaves_the_tables_lstm_to_cudnn_and_says_why(h100):
     assert "cuDNN predicted" in row and "cuDNN faster" in row
 
 
+def test_recompute_rnn_takes_the_call_cudnn_keeps(h100):
+    """Without a budget too: else AOTAutograd would decompose the call into per-step ops."""
+    from fxopt.passes import get_pass
+    from fxopt.passes.swap_recompute.recompute_rnn import recompute_rnn
+
+    module, x = _table_lstm()
+    gm = _captured(module, x)
+    _run(gm, "cuda", fuse_rnn="auto")
+    ctx = PassContext(options=Options(fuse_rnn="auto"), stage=Stage.PRE_AUTOGRAD,
+                      graph_kind=GraphKind.DYNAMO, graph_name="g0", device=torch.device("cuda"))
+    assert get_pass("recompute_rnn").decide(ctx)[0]
+    assert recompute_rnn(gm, ctx).modified
+    cpu = PassContext(options=Options(fuse_rnn="auto"), stage=Stage.PRE_AUTOGRAD,
+                      graph_kind=GraphKind.DYNAMO, graph_name="g0", device=torch.device("cpu"))
+    assert not get_pass("recompute_rnn").decide(cpu)[0]
+
+
 def test_true_still_unrolls_it_warning_of_the_predicted_slowdown(h100):
     module, x = _table_lstm()
     with pytest.warns(UserWarning, match=r"fuse_rnn=True unrolls the RNN call .* slower; "
