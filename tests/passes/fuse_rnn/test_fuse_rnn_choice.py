@@ -52,7 +52,7 @@ def test_auto_leaves_the_tables_lstm_to_cudnn_and_says_why(h100):
     module, x = _table_lstm()
     result = _run(_captured(module, x), "cuda", fuse_rnn="auto")
     assert not result.modified
-    (declined,) = result.stats["declined"]
+    (declined,) = result.verdicts.reasons()
     assert declined.startswith("lstm_module: left to cuDNN: cuDNN predicted ")
     (priced,) = result.stats["cost_model"]
     assert priced["keep_library"] and priced["hardware"] == "H100"
@@ -83,7 +83,7 @@ def test_true_still_unrolls_it_warning_of_the_predicted_slowdown(h100):
     with pytest.warns(UserWarning, match=r"fuse_rnn=True unrolls the RNN call .* slower; "
                                          r"fuse_rnn='auto' leaves"):
         result = _run(_captured(module, x), "cuda", fuse_rnn=True)
-    assert result.modified and result.stats["fused"] == {"lstm_module": 1}
+    assert result.modified and result.verdicts.counts() == {"lstm_module": 1}
 
 
 def test_cells_are_fused_under_auto_on_cuda(h100):
@@ -97,7 +97,7 @@ def test_cells_are_fused_under_auto_on_cuda(h100):
 
     result = _run(_captured(loop, torch.randn(6, 4, 16)), "cuda", fuse_rnn="auto")
     assert result.modified and "cost_model" not in result.stats
-    assert sum(result.stats["fused"].values()) >= 1
+    assert result.verdicts.count >= 1
 
 
 def test_off_cuda_auto_unrolls_as_before_without_pricing():
