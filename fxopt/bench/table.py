@@ -97,10 +97,13 @@ def _error_line(exc: BaseException) -> str:
 
 def run_cases(cases: Sequence[Case], *, deadline_s: float, write: Callable[[list[Row]], None],
               device: str = "cpu", min_start_s: float = 10.0,
-              order: Sequence[str] | None = None) -> list[Row]:
+              order: Sequence[str] | None = None,
+              between: Callable[[], None] | None = None) -> list[Row]:
     """Run ``cases`` in their order (the priority) until ``deadline_s`` seconds have
     passed; ``write(rows)`` after each, the rows in ``order`` (section names; default the
-    cases' order). Returns the rows."""
+    cases' order); ``between()`` after each case (default: release Dynamo's and the
+    allocator's caches on ``device``). Returns the rows."""
+    between = between or (lambda: release(device))
     start = time.monotonic()
     rows = [Row(c.section, c.name) for c in cases]
     sections = list(order) if order is not None else list(dict.fromkeys(c.section
@@ -133,7 +136,7 @@ def run_cases(cases: Sequence[Case], *, deadline_s: float, write: Callable[[list
         log.info("%s / %s: %s %s (%.0f s)", case.section, case.name, row.status,
                  row.step or "; ".join(row.notes), time.monotonic() - begin)
         try:
-            release(device)
+            between()
         except Exception as exc:  # a broken device after a failure: say so, go on
             row.notes.append(f"release failed: {_error_line(exc)}")
         write(ordered)

@@ -70,7 +70,7 @@ def test_a_failure_is_a_row_a_slow_case_is_stopped_and_the_deadline_holds():
              Case("b", "late", fine)]
     clock = time.monotonic()
     rows = run_cases(cases, deadline_s=4, write=lambda rows: writes.append(
-        markdown_tables(rows, {})), min_start_s=0.5)
+        markdown_tables(rows, {})), min_start_s=0.5, between=lambda: None)
     assert time.monotonic() - clock < 10     # "waits" is stopped at the deadline
     status = {r.name: (r.status, r.notes) for r in rows}
     assert status["boom"] == ("failed", ["RuntimeError: no kernel"])
