@@ -55,11 +55,13 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from budget_reach import MODELS, HandLSTM, LSTMLanguageModel, build, loss_of, suite_size
+from budget_reach import MODELS, HandLSTM, build, loss_of, suite_size
 
 import fxopt
 from fxopt._compat import activation_memory_budget, dynamo_allow_rnn
 from fxopt.analysis import measure_saved_bytes
+from fxopt.bench import timing
+from fxopt.bench.workloads import LSTMLanguageModel
 
 CHECKPOINT_POINT = {
     "gpt2": "each transformer block (transformer.h)",
@@ -194,12 +196,10 @@ def _run_model(name: str, size: dict, args: argparse.Namespace
         prepared[config] = (step, saved.bytes, [], codegen)
         print(f"# {name} {config}: ready in {time.perf_counter() - began:.0f} s",
               file=sys.stderr, flush=True)
-    order = list(prepared.values())
-    for round_ in range(args.rounds):
-        for step, _, times, _ in order[round_ % len(order):] + order[:round_ % len(order)]:
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
+    taken = timing.interleaved({config: p[0] for config, p in prepared.items()}, "cpu",
+                               warmup=0, rounds=args.rounds)
+    for config, (_, _, times, _) in prepared.items():
+        times.extend(taken[config].times_s)
     eager_bytes, eager_times = prepared["eager"][1], prepared["eager"][2]
     eager_time = statistics.median(eager_times)
     shape = ", ".join(f"{key} {value}" for key, value in size.items())

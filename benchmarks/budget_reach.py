@@ -39,6 +39,7 @@ from torch import nn
 import fxopt
 from fxopt import _compat
 from fxopt.analysis import measure_saved_bytes
+from fxopt.bench.workloads import LSTMLanguageModel
 from fxopt.passes.swap_recompute import InfeasibleBudget
 
 
@@ -53,20 +54,6 @@ class MLP(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x.square().mean()
-
-
-class LSTMLanguageModel(nn.Module):
-    """Embedding, a 2-layer ``nn.LSTM`` (traced only under Dynamo's ``allow_rnn``), a head."""
-
-    def __init__(self, vocab: int = 97, hidden: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.lstm = nn.LSTM(hidden, hidden, num_layers=2, batch_first=True)
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        states, _ = self.lstm(self.embed(input_ids))
-        return nn.functional.cross_entropy(self.head(states).flatten(0, 1), labels.flatten())
 
 
 class HandLSTM(nn.Module):
@@ -154,7 +141,7 @@ def build(name: str, hidden: int = 64, seq: int = 32, batch: int = 4, layers: in
     if name == "mlp":
         return MLP(hidden, 4 * hidden), {"x": torch.randn(8 * batch, hidden, generator=data)}
     if name == "lstm":
-        return LSTMLanguageModel(97, hidden).train(), {"input_ids": ids, "labels": ids}
+        return LSTMLanguageModel(97, hidden, 2).train(), {"input_ids": ids, "labels": ids}
     if name == "handlstm":
         return HandLSTM(hidden // 2, hidden).train(), {
             "x": torch.randn(seq // 4, batch, hidden // 2, generator=data)}

@@ -39,10 +39,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
 import torch
+
+from fxopt.bench import timing
 
 CONFIGS = ("fxopt-fx", "fxopt-inductor", "torch.compile", "eager")
 MODELS = ("gpt2", "bert", "llama")
@@ -95,13 +96,10 @@ def compiled(model: torch.nn.Module, config: str) -> Any:
     return torch.compile(model, backend="fxopt", options={"codegen": codegen, "strict": True})
 
 
-def step(fn: Any, model: torch.nn.Module, kwargs: dict[str, Any]) -> float:
-    start = time.perf_counter()
+def step(fn: Any, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
     fn(**kwargs).loss.backward()
-    elapsed = time.perf_counter() - start
     for p in model.parameters():
         p.grad = None
-    return elapsed
 
 
 def compile_time(kind: str, size: str, config: str) -> float:
@@ -113,8 +111,8 @@ def compile_time(kind: str, size: str, config: str) -> float:
     torch.compile(lambda x: x.sin() + 1, backend="eager")(torch.randn(3))
     model, kwargs = build(kind, size)
     fn = compiled(model, config)
-    first = step(fn, model, kwargs)
-    return first - statistics.median(step(fn, model, kwargs) for _ in range(3))
+    taken = timing.time_steps(lambda: step(fn, model, kwargs), "cpu", warmup=0, steps=3)
+    return taken.first_s - taken.median_ms / 1e3
 
 
 def measure_compile(kind: str, size: str, config: str) -> float:
@@ -127,17 +125,16 @@ def measure_compile(kind: str, size: str, config: str) -> float:
 
 
 def measure_steps(kind: str, size: str, steps: int) -> dict[str, list[float]]:
+    """Each configuration's step times, interleaved in rounds (fxopt.bench.timing), after
+    its compiling step and one warm-up."""
     runs = {}
     for config in CONFIGS:
         model, kwargs = build(kind, size)
         runs[config] = (compiled(model, config), model, kwargs)
-        for _ in range(2):  # the first compiles
-            step(*runs[config])
-    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    for i in range(steps):
-        for config in CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]:
-            times[config].append(step(*runs[config]))
-    return times
+    taken = timing.interleaved(
+        {config: (lambda run=run: step(*run)) for config, run in runs.items()}, "cpu",
+        warmup=1, rounds=steps)
+    return {config: taken[config].times_s for config in CONFIGS}
 
 
 def compile_samples(kinds: list[str], sizes: list[str], samples: int) -> None:

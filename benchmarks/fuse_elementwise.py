@@ -22,7 +22,6 @@ import operator
 import os
 import platform
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +31,7 @@ _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
 
 import fxopt  # noqa: E402
+from fxopt.bench import timing  # noqa: E402
 
 
 def chain(x, y, b):
@@ -41,18 +41,9 @@ def chain(x, y, b):
 
 
 def timed(fn, *args, repeat: int) -> float:
-    """Median seconds per call, after two warm-up calls."""
-    sync = torch.cuda.synchronize if args[0].is_cuda else (lambda: None)
-    for _ in range(2):
-        fn(*args)
-    sync()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn(*args)
-        sync()
-        samples.append(time.perf_counter() - start)
-    return sorted(samples)[len(samples) // 2]
+    """Median seconds per call, after two warm-up calls (fxopt.bench.timing)."""
+    return timing.time_steps(lambda: fn(*args), args[0].device, warmup=1,
+                             steps=repeat).median_ms / 1e3
 
 
 def chain_figures(device: torch.device, numel: int, repeat: int, inductor: bool) -> None:

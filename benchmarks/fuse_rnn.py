@@ -2,7 +2,9 @@
 
 Two models of the same sizes (EcoRNN's kind of workload; on a GPU: 2 layers, hidden 1024,
 batch 64, sequence 50, vocabulary 10000): one built on ``nn.LSTM``, one on two
-``nn.LSTMCell`` stepped in a Python loop. In one run it times the baselines a user would
+``nn.LSTMCell`` stepped in a Python loop (`fxopt.bench.workloads`' LSTMLanguageModel and
+LSTMCellLoopLM; the step is their next-token loss's backward, timed by
+`fxopt.bench.timing`). In one run it times the baselines a user would
 pick and fxopt:
 
     lstm/eager           nn.LSTM, eager (cuDNN on a GPU)
@@ -26,79 +28,26 @@ from __future__ import annotations
 import argparse
 import copy
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from fxopt.bench import timing
+from fxopt.bench.workloads import LSTMCellLoopLM, LSTMLanguageModel
 from fxopt.compiler import Backend
 
 
-class LSTMLanguageModel(nn.Module):
-    def __init__(self, vocab: int, hidden: int, layers: int) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.lstm(self.embed(tokens))[0])
-
-
-class LoopLanguageModel(nn.Module):
-    """The same model with its layers as LSTMCells in a Python loop over time steps."""
-
-    def __init__(self, vocab: int, hidden: int, layers: int) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.cells = nn.ModuleList(nn.LSTMCell(hidden, hidden) for _ in range(layers))
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        batch, steps, hidden = x.shape
-        for cell in self.cells:
-            h = c = x.new_zeros(batch, hidden)
-            outputs = []
-            for t in range(steps):
-                h, c = cell(x[:, t], (h, c))
-                outputs.append(h)
-            x = torch.stack(outputs, dim=1)
-        return self.head(x)
-
-
-def _step(model: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
-          vocab: int) -> None:
-    logits = model(tokens[:, :-1])
-    F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1)).backward()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_step(model: Callable, tokens: torch.Tensor, vocab: int, warmup: int,
+def time_step(model: Callable, tokens: torch.Tensor, warmup: int,
               iters: int) -> tuple[float, int | None]:
-    """Median seconds of a training step, and the peak bytes of one (CUDA only)."""
+    """Median seconds of a training step (fxopt.bench.timing: CUDA events on a GPU), and
+    the peak bytes of one (CUDA only)."""
     device = tokens.device
-    for _ in range(warmup):  # the first call compiles
-        _step(model, tokens, vocab)
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        _step(model, tokens, vocab)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return statistics.median(times), peak
+    taken = timing.time_steps(lambda: model(tokens).backward(), device,
+                              warmup=max(0, warmup - 1), steps=iters,
+                              before_timed=lambda: timing.reset_peak(device))
+    return taken.median_ms / 1e3, timing.peak_above(device, 0)
 
 
 def variants(vocab: int, hidden: int, layers: int, device: torch.device
@@ -107,7 +56,7 @@ def variants(vocab: int, hidden: int, layers: int, device: torch.device
     fxopt's, its backend (to report whether fuse_rnn fired)."""
     torch.manual_seed(0)
     lstm = LSTMLanguageModel(vocab, hidden, layers).to(device)
-    loop = LoopLanguageModel(vocab, hidden, layers).to(device)
+    loop = LSTMCellLoopLM(vocab, hidden, layers).to(device)
 
     def fxopt_compiled(model: nn.Module, fuse: bool) -> tuple[Callable, Backend]:
         backend = Backend({"fuse_rnn": fuse})
@@ -142,7 +91,7 @@ def run(args: argparse.Namespace) -> str:
     tokens = torch.randint(0, vocab, (batch, seq + 1), device=device)
     results = {}
     for name, (model, backend) in variants(vocab, hidden, layers, device).items():
-        results[name] = (*time_step(model, tokens, vocab, warmup, iters), _fired(backend))
+        results[name] = (*time_step(model, tokens, warmup, iters), _fired(backend))
     device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
                    else platform.processor() or "cpu")
     lines = [

@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import platform
 import sys
-import time
 import warnings
 
 import torch
@@ -38,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
+from fxopt.bench import timing
 from fxopt.bench.workloads import ResNet
 
 
@@ -104,27 +104,23 @@ def _methods(budget: float, blocks: list[nn.Module]):
 
 
 def _run(model, inputs, wrap, context, steps: int, device: torch.device):
-    torch._dynamo.reset()
+    """Median seconds of a step (fxopt.bench.timing) after 3 warm-up steps (compile
+    included: Dynamo settles after a few calls), and the step's peak bytes on CUDA (on the
+    CPU, with no allocator peak, the bytes kept for backward)."""
+    timing.release(device)
     run = wrap(model)
-    cuda = device.type == "cuda"
+
+    def step():
+        _loss(run(**inputs)).backward()
+        model.zero_grad(set_to_none=True)
+
     with context(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(3):  # compile and warm up (Dynamo settles after a few calls)
-            _loss(run(**inputs)).backward()
-            model.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        for _ in range(steps):
-            _loss(run(**inputs)).backward()
-            model.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / steps
-        if cuda:
-            memory = torch.cuda.max_memory_allocated()
-        else:  # no allocator peak on a CPU: the bytes kept for backward instead
+        taken = timing.time_steps(step, device, warmup=2, steps=steps,
+                                  before_timed=lambda: timing.reset_peak(device))
+        seconds = taken.median_ms / 1e3
+        memory = timing.peak_above(device, 0)
+        if memory is None:  # no allocator peak on a CPU: the bytes kept for backward instead
             memory = measure_saved_bytes(lambda: run(**inputs),
                                          exclude=[*model.parameters(), *inputs.values()]).bytes
     return seconds, memory

@@ -4,7 +4,8 @@ For each workload (BERT-large masked-LM with eager attention at seq 128 and 512,
 medium; tiny versions with ``--smoke``) and each configuration (eager, Inductor, fxopt
 without tempo, fxopt with tempo), at the same batch: the bytes autograd keeps for backward
 during one forward (measured with saved-tensor hooks, parameters excluded), the peak memory
-of a training step (CUDA only) and steps per second; then (CUDA only, not with --smoke) the
+of a training step (CUDA only) and steps per second (one over the median step of
+`fxopt.bench.timing`); then (CUDA only, not with --smoke) the
 largest batch whose training step fits under ``--memory-cap`` (GiB). Figures are printed
 as a table with ratios to eager. Runs on CUDA at real sizes, on the CPU with ``--smoke``.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +24,7 @@ import torch
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
+from fxopt.bench import timing
 
 CONFIGS: dict[str, Callable[[], object]] = {
     "eager": lambda: None,
@@ -82,11 +83,6 @@ def _inputs(workload: Workload, batch: int, device: torch.device) -> dict:
     return {"input_ids": ids, "labels": ids, **workload.extra}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure(workload: Workload, config: str, batch: int, device: torch.device, steps: int,
             dtype: torch.dtype | None) -> dict[str, float]:
     """Saved bytes, peak step memory (CUDA) and steps/s of one configuration."""
@@ -103,20 +99,15 @@ def measure(workload: Workload, config: str, batch: int, device: torch.device, s
         model.zero_grad(set_to_none=True)
 
     step()  # compile
-    step()
     with autocast:
         saved = measure_saved_bytes(lambda: fn(**kwargs),
                                     exclude=[*model.parameters(), *model.buffers(),
                                              kwargs["input_ids"]])
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(device)
-    seconds = (time.perf_counter() - start) / steps
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else float("nan")
+    taken = timing.time_steps(step, device, warmup=0, steps=steps,
+                              before_timed=lambda: timing.reset_peak(device))
+    seconds = taken.median_ms / 1e3
+    peak = timing.peak_above(device, 0)
+    peak = float("nan") if peak is None else peak
     return {"saved_MiB": saved.bytes / 2**20, "peak_MiB": peak / 2**20,
             "steps_per_s": 1.0 / seconds, "samples_per_s": batch / seconds}
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
+from fxopt.bench import timing
 
 CONFIGS: dict[str, Callable[[torch.nn.Module], Callable]] = {
     "fxopt": lambda model: torch.compile(model, backend=fxopt.backend(strict=True)),
@@ -61,11 +61,9 @@ class Runner:
         self.kwargs = {"input_ids": ids, "labels": ids}
         self.times: list[float] = []
 
-    def step(self) -> float:
-        start = time.perf_counter()
+    def step(self) -> None:
         self.fn(**self.kwargs).loss.backward()
         self.model.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
 
     def saved_bytes(self) -> int:
         exclude = [*self.model.parameters(), *self.model.buffers(), self.kwargs["input_ids"]]
@@ -74,13 +72,11 @@ class Runner:
 
 def run(model_name: str, configs: list[str], warmup: int, rounds: int) -> None:
     runners = {config: Runner(model_name, config) for config in configs}
-    first = {config: runner.step() for config, runner in runners.items()}
-    for _ in range(warmup - 1):
-        for runner in runners.values():
-            runner.step()
-    for _ in range(rounds):
-        for runner in runners.values():
-            runner.times.append(runner.step())
+    taken = timing.interleaved({config: runner.step for config, runner in runners.items()},
+                               "cpu", warmup=warmup - 1, rounds=rounds)
+    first = {config: t.first_s for config, t in taken.items()}
+    for config, runner in runners.items():
+        runner.times = taken[config].times_s
     medians = {config: statistics.median(r.times) for config, r in runners.items()}
     print(f"\n## {model_name}: {LAYERS} layers, {HIDDEN} wide, {HEADS} heads, dropout 0.1, "
           f"batch {BATCH} x {SEQ}, eager attention")

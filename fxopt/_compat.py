@@ -28,7 +28,8 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
-    "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition", "dynamo_traces_rnn",
+    "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition", "dynamo_reset",
+    "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_compile", "inductor_decompositions",
     "inductor_graph_context", "inductor_inference_passes", "inductor_partition",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
@@ -338,6 +339,14 @@ def op_alias_sets(op: Any) -> tuple[list[tuple[str, frozenset[str], bool]],
 
 def is_symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def dynamo_reset() -> None:
+    """Forget every compiled frame and Dynamo's caches (between two benchmark
+    configurations)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
 
 
 def dynamo_allow_rnn() -> Any:

@@ -111,8 +111,9 @@ class Options:
                "'auto' (with memory_budget): only the site kinds that pay under the budget"})
     fuse_elementwise: bool | None = field(default=None, metadata={
         "doc": "fuse chains of pointwise ops into generated Triton kernels"})
-    fuse_rnn: bool | None = field(default=None, metadata={
-        "doc": "EcoRNN-style fused LSTM/GRU cells in Triton"})
+    fuse_rnn: bool | str | None = field(default=None, metadata={
+        "doc": "EcoRNN-style fused LSTM/GRU cells in Triton; 'auto': on CUDA, whole "
+               "nn.LSTM/nn.GRU calls stay with cuDNN where the cost model predicts it faster"})
     swap_recompute: bool | None = field(default=None, metadata={
         "doc": "DELTA-style swap or recompute of saved activations"})
     offload_optimizer: bool | None = field(default=None, metadata={
@@ -298,9 +299,22 @@ def _parse_tempo(value: Any) -> bool | str | None:
                         f"{value!r}") from None
 
 
+def _parse_fuse_rnn(value: Any) -> bool | str | None:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _parse_flag("fuse_rnn", value, optional=True)
+    except TypeError:
+        raise TypeError(f"fxopt: option 'fuse_rnn' must be True, False, None or 'auto' (on "
+                        f"CUDA, whole nn.LSTM/nn.GRU calls go to cuDNN where the cost model "
+                        f"predicts it faster), got {value!r}") from None
+
+
 def _parse(name: str, value: Any) -> Any:
     if name == "tempo":
         return _parse_tempo(value)
+    if name == "fuse_rnn":
+        return _parse_fuse_rnn(value)
     if name in PASS_FLAGS or name == "planner":
         return _parse_flag(name, value, optional=True)
     if name in ("strict", "inductor_max_autotune", "force_swap"):

@@ -243,9 +243,15 @@ def _tempo_auto_rows(auto: dict[str, Any]) -> list[str]:
 
 def _plan_rows(stats: dict[str, Any]) -> list[str]:
     """swap_recompute's plan: predicted peak before/after, and per saved tensor the action,
-    its bytes and the step time it is predicted to add; tempo='auto''s choice."""
+    its bytes and the step time it is predicted to add; tempo='auto''s choice; fuse_rnn's
+    cost model per whole RNN call."""
     if isinstance(stats.get("auto"), dict):
         return _tempo_auto_rows(stats["auto"])
+    if isinstance(stats.get("cost_model"), list):  # fuse_rnn's whole RNN calls
+        return [f"      {c['call']}: cuDNN predicted {c['library_ms']:.2f} ms, unrolled "
+                f"{c['fused_ms']:.2f} ms ({c['hardware']} profile): "
+                f"{'cuDNN faster' if c['keep_library'] else 'unrolled faster'}"
+                for c in stats["cost_model"]]
     plan = stats.get("plan")
     tensors = (plan.get("extra") or {}).get("tensors") if isinstance(plan, dict) else None
     if not tensors:

@@ -3,8 +3,10 @@
 (`fxopt.bench.configs`), measured for step time, throughput, peak memory, largest batch
 under a cap and compile time (`fxopt.bench.measure`), reported as JSON, markdown and
 charts (`fxopt.bench.report`). Run it with ``python -m fxopt bench`` (`fxopt.cli.bench`).
-Each pass's own benchmark can reuse these pieces: a :class:`Workload`, a :class:`Config`
-and :func:`measure`.
+The scripts under ``benchmarks/`` share these pieces: the models of
+`fxopt.bench.workloads` (one LSTM LM, the LSTMCell loop, a GPT-2 builder), the one timing
+and interleaving helper `fxopt.bench.timing`, and `fxopt.bench.table` (a benchmark as a
+list of cases run under a deadline, rows written as they come: the GPU check).
 """
 
 from fxopt.bench.configs import Config, all_configs, get_configs

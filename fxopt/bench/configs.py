@@ -19,7 +19,7 @@ from torch import nn
 from fxopt import _compat
 from fxopt.bench.workloads import Workload
 
-__all__ = ["Config", "all_configs", "get_configs"]
+__all__ = ["Config", "all_configs", "checkpoint_each", "get_configs"]
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,16 @@ def _inductor(model: nn.Module, workload: Workload) -> nn.Module:
 
 
 def _checkpointed(model: nn.Module, workload: Workload) -> nn.Module:
-    """Each repeated block recomputes its forward in backward (non-reentrant checkpoint)."""
+    checkpoint_each(workload.checkpoint_layers(model))
+    return model
+
+
+def checkpoint_each(layers: list[nn.Module]) -> None:
+    """Each of ``layers`` recomputes its forward in backward (non-reentrant
+    ``torch.utils.checkpoint`` around its ``forward``)."""
     from torch.utils.checkpoint import checkpoint
 
-    for layer in workload.checkpoint_layers(model):
+    for layer in layers:
         forward = layer.forward
 
         @functools.wraps(forward)
@@ -56,7 +62,6 @@ def _checkpointed(model: nn.Module, workload: Workload) -> nn.Module:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         layer.forward = wrapped
-    return model
 
 
 def _fxopt(**options: Any) -> Callable[[nn.Module, Workload], nn.Module]:

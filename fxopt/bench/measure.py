@@ -23,13 +23,13 @@ import functools
 import gc
 import logging
 import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from fxopt.bench import timing
 from fxopt.bench.configs import Config
 from fxopt.bench.workloads import Workload
 from fxopt.devices import indexed
@@ -111,11 +111,6 @@ def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> int:
     return lo
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(indexed(device))
-
-
 class _Trainer:
     """A model prepared under a configuration, its optimizer, and a step on any batch."""
 
@@ -136,20 +131,6 @@ class _Trainer:
             default_loss(self.model(*args, **kwargs)).backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-
-    def timed_step(self, inputs: Any) -> float:
-        """One step's time in seconds (CUDA events on a GPU)."""
-        device = self.settings.device
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.step(inputs)
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        begin = time.perf_counter()
-        self.step(inputs)
-        return time.perf_counter() - begin
 
     def peak(self, inputs: Any) -> tuple[int, int]:
         """(peak bytes, activation bytes at the peak) of one step."""
@@ -182,18 +163,9 @@ def measure(workload: Workload, config: Config, settings: Settings) -> Measureme
     return result
 
 
-@contextlib.contextmanager
-def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+def _one_thread_on_cpu(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """CPU timings on one thread (restored afterwards)."""
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    return timing.one_thread() if device.type == "cpu" else contextlib.nullcontext()
 
 
 def _measure_with(trainer: _Trainer, result: Measurement, batch: int,
@@ -201,12 +173,10 @@ def _measure_with(trainer: _Trainer, result: Measurement, batch: int,
     """Time, memory and the largest batch of ``trainer`` into ``result``."""
     workload = trainer.workload
     inputs = trainer.inputs(batch)
-    first = trainer.timed_step(inputs)
-    for _ in range(settings.warmup - 1):
-        trainer.timed_step(inputs)
-    if settings.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(settings.device)
-    times = [trainer.timed_step(inputs) for _ in range(settings.steps)]
+    taken = timing.time_steps(lambda: trainer.step(inputs), settings.device,
+                              warmup=max(0, settings.warmup - 1), steps=settings.steps,
+                              before_timed=lambda: timing.reset_peak(settings.device))
+    times, first = taken.times_s, taken.first_s
     median = statistics.median(times)
     result.step_ms = 1e3 * median
     result.step_spread, result.timing_reliable = timing_spread(times)
@@ -215,7 +185,7 @@ def _measure_with(trainer: _Trainer, result: Measurement, batch: int,
     result.peak_bytes, result.activation_bytes = trainer.peak(inputs)
     if settings.device.type == "cuda":
         result.peak_bytes = max(result.peak_bytes,
-                                torch.cuda.max_memory_allocated(settings.device))
+                                timing.peak_above(settings.device, 0))
     if settings.memory_cap is not None:
         fits = functools.partial(_fits, trainer, settings=settings)
         result.max_batch = largest_batch(fits, batch, settings.max_batch)
@@ -234,7 +204,7 @@ def _fits(trainer: _Trainer, batch: int, settings: Settings) -> bool:
     try:
         torch.cuda.reset_peak_memory_stats(indexed(device))
         trainer.step(inputs)
-        _sync(device)
+        timing.sync(device)
         return torch.cuda.max_memory_allocated(indexed(device)) <= cap
     except torch.cuda.OutOfMemoryError:
         trainer.optimizer.zero_grad(set_to_none=True)

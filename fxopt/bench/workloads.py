@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["WORKLOADS", "Workload", "get_workloads"]
+__all__ = ["WORKLOADS", "LSTMCellLoopLM", "LSTMLanguageModel", "Workload", "get_workloads",
+           "gpt2"]
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,8 @@ def _hf(kind: str, smoke: bool, **real: int) -> nn.Module:
 
     sizes = dict(layers=2, hidden=32, heads=2, vocab=101, positions=64) if smoke else real
     if kind == "gpt2":
-        config = transformers.GPT2Config(
-            n_layer=sizes["layers"], n_embd=sizes["hidden"], n_head=sizes["heads"],
-            n_positions=sizes["positions"], vocab_size=sizes["vocab"],
-            bos_token_id=sizes["vocab"] - 1, eos_token_id=sizes["vocab"] - 1)
-        return transformers.GPT2LMHeadModel(config)
+        return gpt2(sizes["layers"], sizes["hidden"], sizes["heads"], sizes["vocab"],
+                    sizes["positions"])
     if kind == "bert":
         config = transformers.BertConfig(
             num_hidden_layers=sizes["layers"], hidden_size=sizes["hidden"],
@@ -134,17 +132,82 @@ def _resnet_inputs(model: nn.Module, batch: int, smoke: bool, device: torch.devi
 # ---- an LSTM language model ------------------------------------------------------------
 
 class LSTMLanguageModel(nn.Module):
-    def __init__(self, vocab: int, hidden: int, layers: int) -> None:
+    """Embedding(vocab, embed) -> ``nn.LSTM(embed, hidden, layers, batch_first)`` ->
+    Linear(hidden, vocab); ``embed`` defaults to ``hidden``. The one nn.LSTM LM of the
+    benchmarks (the suite's ``lstm-lm``, the GPU check's, fuse_rnn's and budget_reach's).
+
+    ``model(tokens)`` is the next-token loss of ``tokens`` (batch x (seq + 1));
+    ``model(input_ids=..., labels=...)`` the loss of each position against ``labels``
+    (transformers' keyword convention, unshifted).
+    """
+
+    def __init__(self, vocab: int, hidden: int, layers: int = 2,
+                 embed: int | None = None) -> None:
         super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+        self.embed = nn.Embedding(vocab, embed or hidden)
+        self.lstm = nn.LSTM(embed or hidden, hidden, num_layers=layers, batch_first=True)
         self.head = nn.Linear(hidden, vocab)
         self.vocab = vocab
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embed(tokens[:, :-1]))
-        return nn.functional.cross_entropy(self.head(out).flatten(0, 1),
-                                           tokens[:, 1:].flatten())
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(tokens))
+        return self.head(out)
+
+    def forward(self, input_ids: torch.Tensor,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        return _lm_loss(self.logits, input_ids, labels)
+
+
+class LSTMCellLoopLM(nn.Module):
+    """The same kind of model with its layers as ``nn.LSTMCell`` stepped in a Python loop
+    over time (EcoRNN's case; the GPU check's "LSTMCell loop"); ``model(tokens)`` as
+    :class:`LSTMLanguageModel`."""
+
+    def __init__(self, vocab: int, hidden: int, layers: int = 1,
+                 embed: int | None = None) -> None:
+        super().__init__()
+        width = embed or hidden
+        self.embed = nn.Embedding(vocab, width)
+        self.cells = nn.ModuleList(nn.LSTMCell(width if i == 0 else hidden, hidden)
+                                   for i in range(layers))
+        self.head = nn.Linear(hidden, vocab)
+        self.vocab, self.hidden = vocab, hidden
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        batch, steps = x.shape[:2]
+        for cell in self.cells:
+            h = c = x.new_zeros(batch, self.hidden)
+            outputs = []
+            for t in range(steps):
+                h, c = cell(x[:, t], (h, c))
+                outputs.append(h)
+            x = torch.stack(outputs, dim=1)
+        return self.head(x)
+
+    def forward(self, input_ids: torch.Tensor,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        return _lm_loss(self.logits, input_ids, labels)
+
+
+def _lm_loss(logits: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor,
+             labels: torch.Tensor | None) -> torch.Tensor:
+    if labels is None:
+        ids, labels = ids[:, :-1], ids[:, 1:]
+    return nn.functional.cross_entropy(logits(ids).flatten(0, 1), labels.flatten())
+
+
+def gpt2(layers: int, hidden: int, heads: int, vocab: int, positions: int,
+         dropout: float = 0.1) -> nn.Module:
+    """transformers' GPT2LMHeadModel from a config (random weights, no download), SDPA
+    attention (transformers' default), ``dropout`` on residuals, embeddings and attention."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_layer=layers, n_embd=hidden, n_head=heads, n_positions=positions,
+        vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    return transformers.GPT2LMHeadModel(config)
 
 
 def _lstm_inputs(model: nn.Module, batch: int, smoke: bool, device: torch.device) -> Any:

@@ -36,6 +36,13 @@ def _budget_or_plan(ctx: PassContext) -> bool:
     return ctx.options.memory_budget is not None or ctx.options.plan is not None
 
 
+def _budget_plan_or_cudnn_kept(ctx: PassContext) -> bool:
+    """recompute_rnn's default: under a budget or plan, and on CUDA under fuse_rnn='auto'
+    (the calls fuse_rnn leaves to cuDNN run as the library's call, not AOTAutograd's
+    per-step decomposition)."""
+    return _budget_or_plan(ctx) or (ctx.options.fuse_rnn == "auto" and ctx.is_cuda)
+
+
 PIPELINE: list[PassSpec] = [
     PassSpec(
         name="noop_dropout", flag="swap_recompute", stages=(Stage.PRE_AUTOGRAD,),
@@ -51,11 +58,15 @@ PIPELINE: list[PassSpec] = [
         description="memory-lean GELU, LayerNorm/RMSNorm, attention softmax-dropout (Tempo)"),
     PassSpec(
         name="fuse_rnn", flag="fuse_rnn", stages=(Stage.PRE_AUTOGRAD,), run=fuse_rnn,
+        default=lambda ctx: ctx.options.fuse_rnn == "auto",
+        default_text="off unless asked; 'auto': whole nn.LSTM/nn.GRU calls left to cuDNN "
+                     "where the GPU cost model predicts it faster",
         description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
     PassSpec(
         name="recompute_rnn", flag="swap_recompute", stages=(Stage.PRE_AUTOGRAD,),
-        run=recompute_rnn, default=_budget_or_plan,
-        default_text="on when memory_budget (or plan) is set, as swap_recompute",
+        run=recompute_rnn, default=_budget_plan_or_cudnn_kept,
+        default_text="on when memory_budget (or plan) is set, as swap_recompute, and on "
+                     "CUDA under fuse_rnn='auto'",
         description="whole nn.LSTM/nn.GRU calls that fuse_rnn left run the library's fused "
                     "RNN, saving only their inputs, and run again in the backward"),
     PassSpec(

@@ -67,6 +67,14 @@ class HardwareProfile:
     # where they are slower than the bytes they move (a CPU); None: memory-bound there
     transcendental_per_second: float | None = None
     random_per_second: float | None = None
+    # host seconds per launch, by who launches (fxopt.planner.forms): compiled code
+    # (Inductor's wrapper, a library's C++ loop), an eager op (dispatch and autograd's
+    # recording, or an autograd node), a Python custom op launching a Triton kernel
+    kernel_launch_seconds: float = 0.0
+    eager_op_seconds: float = 0.0
+    python_op_seconds: float = 0.0
+    # the device's least time for a kernel that waits on the previous one (a recurrence)
+    kernel_latency_seconds: float = 0.0
 
     def flop_rate(self, dtype: torch.dtype | str) -> float:
         key = str(dtype).removeprefix("torch.")
@@ -121,23 +129,34 @@ CPU_DEFAULT = HardwareProfile(
     notes="generic CPU default; calibrate for a real figure")
 
 # Datasheet dense rates x0.7, HBM x0.8, pinned copies as typically measured per PCIe gen.
+# H100 SXM5 datasheet: dense bf16/fp16 989 TFLOP/s, TF32 495 (cuDNN's RNNs use it for fp32
+# by default; torch's matmuls do not), fp32 67; HBM3 3.35 TB/s; PCIe Gen5 x16 64 GB/s.
+# Host costs per launch (fxopt.planner.forms): a CUDA launch from compiled code is a few
+# microseconds, an eager op with autograd's recording (or an autograd node) some 10-20;
+# a Python custom op launching a Triton kernel (fuse_rnn's cells) is what the H100 table
+# implies (benchmarks/results/gpu_h100_2026-11-26.md); a kernel waiting on the previous
+# one takes at least the device's launch latency. tests/planner/test_gpu_forms.py checks
+# the step times these predict against that table.
+_GPU_HOST_COSTS = dict(kernel_launch_seconds=6e-6, eager_op_seconds=20e-6,
+                       python_op_seconds=170e-6, kernel_latency_seconds=7e-6)
 _H100 = HardwareProfile(
     name="H100", device_type="cuda",
-    flops={"float32": 0.7 * 67 * _TERA, "bfloat16": 0.7 * 989 * _TERA,
-           "float16": 0.7 * 989 * _TERA},
+    flops={"float32": 0.7 * 67 * _TERA, "tf32": 0.7 * 495 * _TERA,
+           "bfloat16": 0.7 * 989 * _TERA, "float16": 0.7 * 989 * _TERA},
     memory_bandwidth=0.8 * 3.35 * _TERA, host_device_bandwidth=50 * _GIGA,
-    cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9)
+    cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9, **_GPU_HOST_COSTS)
 KNOWN_GPUS: dict[str, HardwareProfile] = {
-    # H100's compute with more and faster HBM
+    # H100's compute with more and faster HBM (HBM3e, 4.8 TB/s, 141 GB)
     "H200": dataclasses.replace(_H100, name="H200", memory_bandwidth=0.8 * 4.8 * _TERA,
                                 memory_capacity=141 * 10**9),
     "H100": _H100,
     "A100": HardwareProfile(
         name="A100", device_type="cuda",
-        flops={"float32": 0.7 * 19.5 * _TERA, "bfloat16": 0.7 * 312 * _TERA,
-               "float16": 0.7 * 312 * _TERA},
+        flops={"float32": 0.7 * 19.5 * _TERA, "tf32": 0.7 * 156 * _TERA,
+               "bfloat16": 0.7 * 312 * _TERA, "float16": 0.7 * 312 * _TERA},
         memory_bandwidth=0.8 * 2.0 * _TERA, host_device_bandwidth=24 * _GIGA,
-        cpu_update_params_per_second=1.0e9, memory_capacity=80 * 10**9),
+        cpu_update_params_per_second=1.0e9, memory_capacity=80 * 10**9,
+        **_GPU_HOST_COSTS),
 }
 
 # Any other CUDA GPU: a mid-range figure, capacity read from the device.
@@ -145,7 +164,8 @@ _GENERIC_GPU = HardwareProfile(
     name="cuda", device_type="cuda",
     flops={"float32": 10 * _TERA, "bfloat16": 80 * _TERA, "float16": 80 * _TERA},
     memory_bandwidth=0.8 * 1.0 * _TERA, host_device_bandwidth=12 * _GIGA,
-    cpu_update_params_per_second=5e8, notes="unknown GPU: generic default; calibrate")
+    cpu_update_params_per_second=5e8, notes="unknown GPU: generic default; calibrate",
+    **_GPU_HOST_COSTS)
 
 
 def device_key(device: torch.device) -> str:

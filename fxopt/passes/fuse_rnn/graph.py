@@ -82,6 +82,7 @@ class Rewrite:
     ctx: PassContext
     verdicts: Verdicts = field(default_factory=Verdicts)
     hoisted_projections: int = 0
+    cost_model: list[dict[str, Any]] = field(default_factory=list)  # whole calls priced
 
     def __post_init__(self) -> None:
         self.autocast = autocast_dtypes(self.gm.graph)
@@ -139,5 +140,8 @@ class Rewrite:
         return self.emit(op, a, b, state, bias_a, bias_b, list(order), replaces=replaces)
 
     def stats(self) -> dict[str, Any]:
-        return {"hoisted_input_projections": self.hoisted_projections}
+        stats: dict[str, Any] = {"hoisted_input_projections": self.hoisted_projections}
+        if self.cost_model:
+            stats["cost_model"] = list(self.cost_model)
+        return stats
 

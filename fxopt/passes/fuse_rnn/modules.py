@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
+from fxopt.passes.fuse_rnn.choice import choose, warn_forced
 from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem
 from fxopt.passes.fuse_rnn.hoist import LINEAR
 from fxopt.passes.torch_calls import RNN_CALLS, example_tensor, example_value, rnn_call
@@ -56,6 +57,26 @@ def _parse(node: fx.Node) -> tuple:
     hx = call.states if call.mode == "lstm" else call.states[0]
     return (call.x, hx, call.params, call.has_biases, call.layers, directions,
             call.batch_first, steps)
+
+
+def _library_or_fused(rw: Rewrite, node: fx.Node, kind: str, x: fx.Node, w_hh: fx.Node,
+                      layers: int, directions: int, batch_first: bool, steps: int) -> None:
+    """Raise _Decline where ``fuse_rnn="auto"`` leaves the call to cuDNN (the cost model,
+    `fxopt.passes.fuse_rnn.choice`); warn where ``fuse_rnn=True`` unrolls a call predicted
+    slower. Each priced call is in the stats' ``cost_model``."""
+    xv = example_tensor(x)
+    batch, features = xv.shape[0 if batch_first else 1], xv.shape[2]
+    hidden = example_tensor(w_hh).shape[1]
+    choice = choose(node.name, kind, int(batch), steps, int(features), int(hidden), layers,
+                    directions, xv.dtype, rw.ctx.device)
+    if choice is None:
+        return
+    rw.cost_model.append(choice.as_stat())
+    if not choice.keep_library:
+        return
+    if rw.ctx.options.fuse_rnn == "auto":
+        raise _Decline(f"left to cuDNN: {choice.text()}")
+    warn_forced(choice)
 
 
 def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
@@ -104,6 +125,7 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
         raise _Decline(f"eager returns {expected}, the fused op would not")
     if any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
         raise _Decline("the result is used other than by index")
+    _library_or_fused(rw, node, kind, x, params[1], layers, directions, batch_first, steps)
     if not rw.ctx.rewrites.allow():
         return
     per = 4 if has_biases else 2

@@ -1,0 +1,436 @@
+"""The GPU check: fxopt against what users already have, side by side in one process, in
+at most 6 minutes of one H100 with compiles included (issue 30.1). Run it first whenever a
+GPU is lent (``benchmarks/gpu_session.sh`` runs it after ``fxopt doctor`` and
+``pytest -m gpu``).
+
+Sections and configurations (the shape of ``../shared/gpu/h100-2026-11-26.md``, whose
+configuration names the rows keep, so that runs compare row by row):
+
+- GPT-2 (transformers GPT2LMHeadModel, 6 x 768, 12 heads, seq 1024, batch 8, vocab 50257,
+  SDPA, dropout 0.1, bf16 autocast, the model's own loss with labels = input ids, random
+  weights, no optimizer): eager, torch.compile, Inductor at activation_memory_budget 0.5,
+  per-block torch.utils.checkpoint; fxopt defaults, tempo=True, memory_budget=0.5 (not
+  strict), a byte budget low enough that it must swap (0.4 x eager's peak plus resident).
+- The nn.LSTM LM (Embedding(10000, 512) -> nn.LSTM(512, 1024, 2 layers) -> Linear, batch
+  32 x seq 128, fp32, Dynamo's allow_rnn): eager (cuDNN), fxopt defaults, fuse_rnn=True,
+  fuse_rnn="auto" (the cost model's choice), memory_budget=0.5 (recompute_rnn), eager
+  under checkpoint.
+- The LSTMCell loop (the same embedding, one LSTMCell(512, 1024) stepped 64 times, batch
+  32): eager, fuse_rnn=True, fuse_rnn=True with memory_budget=0.5, eager under checkpoint.
+- AdamW (GPT-2 as above without dropout, batch 4): AdamW on the device (Inductor) against
+  ``fxopt.optim.offload`` at cpu_fraction 0.5 and 1.0 (``offload_optimizer=True``).
+
+fxopt is always a ``fxopt.backend(...)`` object (the GPU machine runs a source checkout,
+without the ``"fxopt"`` entry point). Per configuration: step time from CUDA events
+(median of ``--steps`` after ``--warmup``, min-max in brackets), peak above resident
+(``torch.cuda.max_memory_allocated`` on the indexed device, reset before the timed steps,
+less what was allocated before the first step), compile time (the first step's wall time),
+the first step's loss against the section's eager one (seeded alike; dropout makes a
+compiled step's masks differ from eager's, so GPT-2's losses agree to about 1e-2, not
+bitwise), and the passes that fired. Configurations run in priority order under
+``--deadline-s``; each row is written as it comes (see `fxopt.bench.table`).
+
+``--tiny`` runs the same configurations at tiny sizes on the CPU: wall-clock times, no
+peak (the CPU allocator keeps no peak statistic), fx code generation for fxopt and no
+Inductor peers (a C++ build per graph would not fit a test). It is the test suite's smoke
+run (tests/bench/test_gpu_check_smoke.py), not a measurement.
+
+    PYTHONPATH=. python benchmarks/gpu_check.py                      # on one GPU
+    PYTHONPATH=. python benchmarks/gpu_check.py --tiny --out-dir /tmp/gpucheck
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import logging
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fxopt
+from fxopt import _compat
+from fxopt.bench import timing
+from fxopt.bench.configs import checkpoint_each
+from fxopt.bench.table import Case, Row, markdown_tables, run_cases, write_atomically
+from fxopt.bench.workloads import LSTMCellLoopLM, LSTMLanguageModel, gpt2
+from fxopt.devices import indexed
+
+REPO = Path(__file__).resolve().parent.parent
+log = logging.getLogger("gpu_check")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    gpt2: dict[str, int]          # layers, hidden, heads, vocab, positions
+    gpt2_batch: int
+    gpt2_seq: int
+    optim_batch: int
+    lstm: dict[str, int]          # vocab, hidden, layers, embed
+    loop: dict[str, int]          # vocab, hidden, layers, embed
+    rnn_batch: int
+    lstm_seq: int
+    loop_steps: int
+    warmup: int
+    steps: int
+
+
+REAL = Sizes(dict(layers=6, hidden=768, heads=12, vocab=50257, positions=1024), 8, 1024, 4,
+             dict(vocab=10000, hidden=1024, layers=2, embed=512),
+             dict(vocab=10000, hidden=1024, layers=1, embed=512), 32, 128, 64, 3, 10)
+TINY = Sizes(dict(layers=1, hidden=32, heads=2, vocab=101, positions=64), 2, 32, 2,
+             dict(vocab=50, hidden=24, layers=2, embed=16),
+             dict(vocab=50, hidden=24, layers=1, embed=16), 2, 8, 8, 1, 3)
+
+TITLES = {
+    "gpt2": "## GPT-2 (transformers), 6 layers x 768, 12 heads, seq 1024, batch 8, vocab 50257",
+    "lstm": "## nn.LSTM LM: Embedding(10000, 512) -> nn.LSTM(512, 1024, num_layers=2, "
+            "batch_first) -> Linear(1024, 10000)",
+    "loop": "## LSTMCell loop (EcoRNN's case): Embedding(10000, 512) -> nn.LSTMCell(512, 1024) "
+            "stepped 64 times -> Linear",
+    "optim": "## Offloaded optimizer: GPT-2 as above without dropout, batch 4 x 1024, bf16 "
+             "autocast, AdamW(lr=1e-4)",
+}
+
+
+class Check:
+    """The configurations of one run and what they share (device, sizes, eager's losses,
+    measured peaks a later configuration sizes itself by)."""
+
+    def __init__(self, device: torch.device, sizes: Sizes, tiny: bool) -> None:
+        self.device, self.sizes, self.tiny = device, sizes, tiny
+        self.eager_loss: dict[str, float] = {}
+        self.peaks: dict[str, int] = {}     # configuration -> peak + resident bytes
+
+    # ---- building blocks ----------------------------------------------------------
+
+    def fxopt(self, **options: Any) -> fxopt.Backend:
+        if self.tiny:
+            options.setdefault("codegen", "fx")  # no Inductor C++ build in the smoke run
+        return fxopt.backend(**options)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def measure(self, row: Row, step: Callable[[], torch.Tensor], reference: str,
+                backends: tuple[fxopt.Backend, ...] = ()) -> None:
+        """Time ``step`` (returns the loss) into ``row``; ``reference``: the eager row whose
+        first loss the row compares with."""
+        device = self.device
+        timing.sync(device)
+        resident = timing.resident_bytes(device)
+        losses: list[float] = []
+
+        def counted() -> None:
+            if losses:
+                step()
+                return
+            torch.manual_seed(1)  # the same dropout draws as the eager row's first step
+            losses.append(float(step()))
+
+        taken = timing.time_steps(counted, device, warmup=max(0, self.sizes.warmup - 1),
+                                  steps=self.sizes.steps,
+                                  before_timed=lambda: timing.reset_peak(device))
+        row.step = taken.text()
+        row.compile = f"{taken.first_s:.1f}"
+        peak = timing.peak_above(device, resident or 0)
+        if peak is not None:
+            row.peak = f"{peak / 2**20:.0f}"
+            self.peaks[row.name] = peak + (resident or 0)
+        else:
+            row.peak = "- (CPU: not measured)"
+        row.loss = losses[0]
+        if row.name == reference:
+            self.eager_loss[row.section] = row.loss
+        ref = self.eager_loss.get(row.section)
+        row.loss_text = (f"{row.loss:.4f}" if ref is None or row.name == reference
+                         else f"{row.loss:.4f} ({row.loss - ref:+.1e})")
+        fired = _fired(backends)
+        if fired:
+            row.notes.append("fired: " + ", ".join(fired))
+
+    # ---- GPT-2 ---------------------------------------------------------------------
+
+    def gpt2_step(self, prepare: Callable[[torch.nn.Module], Any], dropout: float = 0.1,
+                  batch: int | None = None, optimizer: Callable[[Any, Any], Any] | None = None
+                  ) -> tuple[Callable[[], torch.Tensor], Any]:
+        s = self.sizes
+        torch.manual_seed(0)
+        with torch.device(self.device):
+            model = gpt2(dropout=dropout, **s.gpt2)
+        model.train()
+        compiled = prepare(model)
+        ids = torch.randint(0, s.gpt2["vocab"], (batch or s.gpt2_batch, s.gpt2_seq),
+                            device=self.device)
+        opt = optimizer(model, compiled) if optimizer is not None else None
+
+        def step() -> torch.Tensor:
+            with self.autocast():
+                loss = compiled(input_ids=ids, labels=ids).loss
+            loss.backward()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            else:
+                model.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return step, model
+
+    def gpt2_case(self, prepare: Callable[[torch.nn.Module], Any],
+                  context: Callable[[], Any] = contextlib.nullcontext) -> Callable[[Row], None]:
+        def run(row: Row) -> None:
+            with context():
+                step, _ = self.gpt2_step(prepare)
+                self.measure(row, step, "eager")
+        return run
+
+    def gpt2_fxopt(self, **options: Any) -> Callable[[Row], None]:
+        """GPT-2 compiled by a backend made when the case runs (a refused option fails the
+        row, not the list)."""
+        def run(row: Row) -> None:
+            backend = self.fxopt(**options)
+            step, _ = self.gpt2_step(lambda m: torch.compile(m, backend=backend))
+            self.measure(row, step, "eager", (backend,))
+        return run
+
+    def byte_budget(self, row: Row) -> None:
+        """fxopt under a byte budget low enough that it must swap: 0.4 x eager's peak
+        (with what was resident), strict off (a budget under the floor runs the floor's
+        plan, warned)."""
+        if "eager" not in self.peaks and not self.tiny:
+            raise RuntimeError("needs eager's peak, which did not run")
+        budget = int(0.4 * self.peaks.get("eager", 2**24))
+        backend = self.fxopt(memory_budget=budget, strict=False)
+        step, _ = self.gpt2_step(lambda m: torch.compile(m, backend=backend))
+        row.notes.append(f"budget {budget / 2**20:.0f} MiB")
+        self.measure(row, step, "eager", (backend,))
+
+    # ---- RNNs ------------------------------------------------------------------------
+
+    def rnn_case(self, section: str, prepare: Callable[[torch.nn.Module], Any],
+                 backend: fxopt.Backend | None = None) -> Callable[[Row], None]:
+        s = self.sizes
+
+        def run(row: Row) -> None:
+            torch.manual_seed(0)
+            if section == "lstm":
+                model, seq = LSTMLanguageModel(**s.lstm), s.lstm_seq
+            else:
+                model, seq = LSTMCellLoopLM(**s.loop), s.loop_steps
+            model = model.to(self.device).train()
+            compiled = prepare(model)
+            tokens = torch.randint(0, model.vocab, (s.rnn_batch, seq + 1), device=self.device)
+
+            def step() -> torch.Tensor:
+                loss = compiled(tokens)
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+                return loss.detach()
+
+            self.measure(row, step, "eager (cuDNN)" if section == "lstm" else "eager",
+                         (backend,) if backend else ())
+        return run
+
+    def rnn_compiled(self, section: str, **options: Any) -> Callable[[Row], None]:
+        def run(row: Row) -> None:
+            backend = self.fxopt(**options)
+            self.rnn_case(section, lambda m: torch.compile(m, backend=backend), backend)(row)
+        return run
+
+    # ---- the offloaded optimizer ---------------------------------------------------
+
+    def optim_case(self, cpu_fraction: float | None) -> Callable[[Row], None]:
+        def run(row: Row) -> None:
+            if cpu_fraction is None:
+                backend = self.fxopt() if self.tiny else None
+
+                def adamw(model: Any, compiled: Any) -> Any:
+                    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+            else:
+                backend = self.fxopt(offload_optimizer=True)
+
+                def adamw(model: Any, compiled: Any) -> Any:
+                    return fxopt.optim.offload(torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                               backend, model=compiled,
+                                               cpu_fraction=cpu_fraction)
+
+            def prepare(model: torch.nn.Module) -> Any:
+                return torch.compile(model, backend=backend or "inductor")
+
+            step, _ = self.gpt2_step(prepare, dropout=0.0, batch=self.sizes.optim_batch,
+                                     optimizer=adamw)
+            self.measure(row, step, "AdamW on the device", (backend,) if backend else ())
+        return run
+
+    # ---- the list, in priority order -----------------------------------------------
+
+    def cases(self) -> list[Case]:
+        """Every configuration, most wanted first (what a cut-off run must have)."""
+        inductor_peer = not self.tiny   # Inductor's C++ build does not fit the CPU smoke
+        g = [Case("gpt2", "eager", self.gpt2_case(lambda m: m), 60)]
+        if inductor_peer:
+            g.append(Case("gpt2", "torch.compile (Inductor)", self.gpt2_case(torch.compile),
+                          90))
+        g.append(Case("gpt2", "fxopt defaults (auto: Inductor)", self.gpt2_fxopt(), 90))
+        lstm = [Case("lstm", "eager (cuDNN)", self.rnn_case("lstm", lambda m: m), 30),
+                Case("lstm", 'fxopt fuse_rnn="auto" (cost model)',
+                     self.rnn_compiled("lstm", fuse_rnn="auto"), 90),
+                Case("lstm", "fxopt fuse_rnn=True (auto: Inductor around the fused ops)",
+                     self.rnn_compiled("lstm", fuse_rnn=True), 100)]
+        loop = [Case("loop", "eager", self.rnn_case("loop", lambda m: m), 30),
+                Case("loop", "fxopt fuse_rnn=True (auto: Inductor)",
+                     self.rnn_compiled("loop", fuse_rnn=True), 90)]
+        optim = [Case("optim", "AdamW on the device", self.optim_case(None), 90),
+                 Case("optim", "offloaded, cpu_fraction=0.5", self.optim_case(0.5), 90),
+                 Case("optim", "offloaded, cpu_fraction=1.0", self.optim_case(1.0), 90)]
+        later = [Case("gpt2", "fxopt tempo=True", self.gpt2_fxopt(tempo=True), 90),
+                 Case("gpt2", "fxopt memory_budget=0.5, not strict",
+                      self.gpt2_fxopt(memory_budget=0.5, strict=False), 90),
+                 Case("gpt2", "fxopt byte budget (must swap)", self.byte_budget, 90),
+                 Case("lstm", "fxopt memory_budget=0.5 (recompute_rnn)",
+                      self.rnn_compiled("lstm", memory_budget=0.5, strict=False), 60),
+                 Case("loop", "fxopt fuse_rnn=True, memory_budget=0.5",
+                      self.rnn_compiled("loop", fuse_rnn=True, memory_budget=0.5,
+                                        strict=False), 90)]
+        if inductor_peer:
+            later.append(Case("gpt2", "Inductor activation_memory_budget=0.5", self.gpt2_case(
+                torch.compile, context=lambda: _compat.activation_memory_budget(0.5)), 90))
+        later += [Case("gpt2", "per-block torch.utils.checkpoint (eager)",
+                       self.gpt2_case(_checkpoint_blocks), 60),
+                  Case("lstm", "eager, whole model under torch.utils.checkpoint",
+                       self.rnn_case("lstm", lambda m: _checkpoint_whole(m)), 30),
+                  Case("loop", "eager under torch.utils.checkpoint",
+                       self.rnn_case("loop", lambda m: _checkpoint_whole(m)), 30)]
+        return g + lstm[:1] + loop[:1] + lstm[1:] + loop[1:] + optim + later
+
+
+def _checkpoint_blocks(model: torch.nn.Module) -> torch.nn.Module:
+    checkpoint_each(list(model.transformer.h))
+    return model
+
+
+def _checkpoint_whole(model: torch.nn.Module) -> torch.nn.Module:
+    checkpoint_each([model])
+    return model
+
+
+def _fired(backends: tuple[fxopt.Backend, ...]) -> list[str]:
+    """The passes that changed a graph (swap_recompute with its planned swaps)."""
+    fired: dict[str, int] = {}
+    for backend in backends:
+        for graph in backend.graphs:
+            for record in graph.passes:
+                if not record.fired:
+                    continue
+                plan = record.stats.get("plan") or {}
+                swaps = sum(a == "swap" for a in (plan.get("actions") or {}).values())
+                fired[record.name] = fired.get(record.name, 0) + swaps
+    return [f"{name} ({swaps} swaps)" if name == "swap_recompute" else name
+            for name, swaps in fired.items()]
+
+
+# ---- the file ------------------------------------------------------------------------
+
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception:  # absent or broken: the header says so
+        return "absent"
+
+
+def _run_text(command: list[str]) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=20,
+                              cwd=REPO).stdout.strip() or "-"
+    except (OSError, subprocess.SubprocessError):
+        return "-"
+
+
+def header(device: torch.device, argv: list[str], tiny: bool) -> str:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(indexed(device))
+        driver = _run_text(["nvidia-smi", "--query-gpu=driver_version",
+                            "--format=csv,noheader"]).splitlines()[0]
+    else:
+        name, driver = platform.processor() or "cpu", "-"
+    rev = _run_text(["git", "rev-parse", "--short", "HEAD"])
+    dirty = _run_text(["git", "status", "--porcelain", "--untracked-files=no"])
+    title = ("# fxopt GPU check: TINY smoke run on the CPU (not a measurement)" if tiny
+             else f"# fxopt GPU check on one {name}")
+    return "\n".join([
+        title, "",
+        f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. "
+        f"Device: {name} (driver {driver}). Python {platform.python_version()}, torch "
+        f"{torch.__version__}, triton {_version('triton')}, transformers "
+        f"{_version('transformers')}; fxopt at {rev}"
+        + (" (with uncommitted changes)" if dirty not in ("", "-") else "") + ".",
+        "Command: `" + " ".join(["python", *argv]) + "`",
+        "All configurations in one process, in priority order, Dynamo reset between them. "
+        "Step: " + ("wall clock (CPU)" if device.type != "cuda" else "CUDA events") +
+        " around one training step, median after warm-up (min-max). Peak: "
+        "max_memory_allocated during the timed steps less what was allocated before the "
+        "first step. Compile: the first step's wall time. Loss: the first step's, against "
+        "the section's eager (dropout masks differ between eager and compiled steps).",
+    ])
+
+
+def gpu_slug(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu-tiny"
+    name = torch.cuda.get_device_name(indexed(device))
+    for known in ("H200", "H100", "A100", "L40S", "B200"):
+        if known in name:
+            return known.lower()
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true",
+                        help="tiny sizes on the CPU (the test suite's smoke run)")
+    parser.add_argument("--device", help="default: cuda (cpu with --tiny)")
+    parser.add_argument("--deadline-s", type=float, default=330.0,
+                        help="stop starting configurations after this many seconds")
+    parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--only", nargs="*", help="run only the configurations whose "
+                        "names contain one of these strings")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device = torch.device(args.device or ("cpu" if args.tiny else "cuda"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device (use --tiny for the CPU smoke run)")
+    torch._dynamo.config.allow_rnn = True   # Dynamo traces nn.LSTM (else: a graph break)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    check = Check(device, TINY if args.tiny else REAL, args.tiny)
+    cases = check.cases()
+    if args.only:
+        cases = [c for c in cases if any(s in c.name for s in args.only)]
+    path = Path(args.out_dir) / f"gpu_check_{gpu_slug(device)}.md"
+    top = header(device, [Path(sys.argv[0]).name if argv is None else "gpu_check.py",
+                          *(sys.argv[1:] if argv is None else argv)], args.tiny)
+    started = time.monotonic()
+
+    def write(rows: list[Row]) -> None:
+        done = sum(r.status != "not run" for r in rows)
+        write_atomically(path, top + f"\nProgress: {done} of {len(rows)} configurations, "
+                         f"{time.monotonic() - started:.0f} s (deadline "
+                         f"{args.deadline_s:.0f} s).\n" + markdown_tables(rows, TITLES))
+
+    run_cases(cases, deadline_s=args.deadline_s, write=write, device=str(device),
+              order=list(TITLES))
+    log.info("wrote %s", path)
+    return path
+
+
+if __name__ == "__main__":
+    main()

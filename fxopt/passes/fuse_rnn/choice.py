@@ -1,0 +1,73 @@
+"""Whether fuse_rnn unrolls a whole ``nn.LSTM``/``nn.GRU`` call or leaves it to the
+library, decided by the GPU cost model (:mod:`fxopt.planner.forms`, issue 30.2).
+
+On CUDA the call's two forms are priced with the device's hardware profile: cuDNN's (one
+launch per layer and direction from cuDNN's C++ loop, the recurrent GEMM and the cell
+chained per step on the device) and fuse_rnn's unrolled one (per step a GEMM and the
+Python cell op forward, the cell's backward op and four compiled launches backward, all
+paid by the host). ``fuse_rnn="auto"`` leaves the call to cuDNN when cuDNN is predicted
+faster; recompute_rnn then takes it (its default on CUDA under "auto", budget or not), so
+it runs as one library call, recomputed in the backward, instead of AOTAutograd's per-step
+decomposition. The recompute adds the call's forward (by the counts of
+:func:`~fxopt.planner.forms.rnn_call_work`, well under the unrolled form's host time at
+the table's sizes); ``fuse_rnn=True`` unrolls it anyway, warning once per call with the
+predicted slowdown. Cells and hand-written loops are always fused: the table shows the
+fused LSTMCell loop ahead of eager (benchmarks/results/gpu_h100_2026-11-26.md). On other
+devices there is no library kernel to compare with (the CPU's RNN is not cuDNN), and the
+call is unrolled as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+from fxopt.planner import forms
+from fxopt.planner.hardware import HardwareProfile, profile_for
+
+__all__ = ["RnnChoice", "choose"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RnnChoice:
+    """The two forms' predicted step times (forward and backward of the call alone)."""
+
+    call: str
+    library_ms: float
+    fused_ms: float
+    hardware: str
+    keep_library: bool    # what "auto" does
+
+    def as_stat(self) -> dict[str, object]:
+        return asdict(self)
+
+    def text(self) -> str:
+        return (f"cuDNN predicted {self.library_ms:.2f} ms against {self.fused_ms:.2f} ms "
+                f"unrolled ({self.hardware} profile)")
+
+
+def choose(node_name: str, mode: str, batch: int, steps: int, input_size: int, hidden: int,
+           layers: int, directions: int, dtype: torch.dtype, device: torch.device,
+           hardware: HardwareProfile | None = None) -> RnnChoice | None:
+    """The cost model's choice for one call, or None off CUDA (no library form to price)."""
+    if device.type != "cuda":
+        return None
+    hw = hardware or profile_for(device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    times = {form: forms.predict(forms.rnn_call_work(
+        mode, batch, steps, input_size, hidden, layers, directions, form, hw,
+        itemsize=itemsize), hw).ms for form in ("cudnn", "fused")}
+    return RnnChoice(node_name, times["cudnn"], times["fused"], hw.name,
+                     times["cudnn"] < times["fused"])
+
+
+def warn_forced(choice: RnnChoice) -> None:
+    """fuse_rnn=True on a call the model predicts slower unrolled."""
+    warnings.warn(f"fxopt: fuse_rnn=True unrolls the RNN call {choice.call!r} although "
+                  f"{choice.text()}, {choice.fused_ms / choice.library_ms:.1f}x slower; "
+                  f"fuse_rnn='auto' leaves such calls to cuDNN", stacklevel=2)

@@ -1,0 +1,103 @@
+"""The GPU check (benchmarks/gpu_check.py) at tiny sizes on the CPU, and the rules that let
+a cut-off GPU run still return its rows: a failing configuration is its row's error line
+and the next one runs, a configuration past its own limit is stopped, none starts after the
+deadline, and the file is rewritten after every row. The session script's dry run."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fxopt.bench.table import Case, Row, markdown_tables, run_cases
+
+REPO = pathlib.Path(__file__).parents[2]
+SMOKE = ["eager", "fxopt defaults", "fuse_rnn=True (auto", "cpu_fraction=0.5"]
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # torch reference
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_tiny_gpu_check_runs_every_section_and_writes_the_table(tmp_path):
+    pytest.importorskip("transformers")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--out-dir",
+         str(tmp_path), "--only", *SMOKE], env=_env(), capture_output=True, text=True,
+        timeout=240, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (tmp_path / "gpu_check_cpu-tiny.md").read_text()
+    for needle in ("torch 2.", "triton ", "transformers ", "fxopt at ", "Command: `",
+                   "--tiny", "## GPT-2", "## nn.LSTM LM", "## LSTMCell loop",
+                   "## Offloaded optimizer", "Progress: "):
+        assert needle in text, needle
+    rows = [line for line in text.splitlines() if line.startswith("| ")
+            and not line.startswith("| configuration")]
+    ran = [r for r in rows if "not run" not in r]
+    assert len(ran) >= 10, rows
+    assert not [r for r in ran if "failed" in r], ran
+    # the passes fired where asked, and the compiled losses are eager's (no dropout in
+    # the LSTM models: equal to fp tolerance)
+    fused = [r for r in ran if "fuse_rnn=True" in r]
+    assert len(fused) == 2 and all("fired: fuse_rnn" in r for r in fused)
+    assert any("fired: offload_optimizer" in r for r in ran)
+    for row in fused:
+        loss_cell = row.split(" | ")[4]
+        assert abs(float(loss_cell.split("(")[1].rstrip(")"))) < 1e-4, row
+
+
+def test_a_failure_is_a_row_a_slow_case_is_stopped_and_the_deadline_holds():
+    writes = []
+
+    def boom(row):
+        raise RuntimeError("no kernel\nsecond line")
+
+    def slow(row):
+        time.sleep(5)
+
+    def fine(row):
+        row.step = "1.0 (1.0-1.0)"
+
+    def waits(row):
+        time.sleep(20)
+
+    cases = [Case("a", "boom", boom), Case("a", "slow", slow, limit_s=0.3),
+             Case("b", "fine", fine), Case("b", "waits", waits, limit_s=60),
+             Case("b", "late", fine)]
+    clock = time.monotonic()
+    rows = run_cases(cases, deadline_s=4, write=lambda rows: writes.append(
+        markdown_tables(rows, {})), min_start_s=0.5, between=lambda: None)
+    assert time.monotonic() - clock < 10     # "waits" is stopped at the deadline
+    status = {r.name: (r.status, r.notes) for r in rows}
+    assert status["boom"] == ("failed", ["RuntimeError: no kernel"])
+    assert status["slow"][0] == "failed" and "CaseTimeout" in status["slow"][1][0]
+    assert status["fine"][0] == "ok"
+    assert status["waits"][0] == "failed" and "CaseTimeout" in status["waits"][1][0]
+    assert status["late"] == ("not run", ["deadline (4 s) reached"])
+    assert len(writes) == len(cases) + 1        # once at the start, once after each
+    assert "| boom | failed: RuntimeError: no kernel |" in writes[1]
+    assert "| late | not run |" in writes[1]
+
+
+def test_rows_keep_the_section_order_given():
+    rows = [Row("b", "x", "ok", step="2"), Row("a", "y", "ok", step="1")]
+    text = markdown_tables(sorted(rows, key=lambda r: ["a", "b"].index(r.section)),
+                           {"a": "## A", "b": "## B"})
+    assert text.index("## A") < text.index("## B")
+
+
+def test_the_session_script_dry_run_plans_three_steps_under_out(tmp_path):
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "--dry-run"],
+                          env={**_env(), "OUT": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "session.txt").read_text()
+    for needle in ("fxopt doctor --device cuda", "pytest -m gpu",
+                   f"gpu_check.py --deadline-s 320 --out-dir {tmp_path}/benchmarks/results"):
+        assert needle in log, log
+    limits = [int(part.split()[0]) for part in log.split("(limit ")[1:]]
+    assert sum(limits) <= 540  # one device command (600 s) with room to start up
