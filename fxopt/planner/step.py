@@ -142,6 +142,11 @@ def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProf
         target = int(fraction * saved.plain_bytes)
     if replay is None:
         decision = solve_fraction(saved, target)
+        if not decision.feasible and ledger is not None and share_bytes is None and (
+                rebalanced := ledger.rebalance(fraction, saved.plain_bytes,
+                                               decision.floor_bytes)) is not None:
+            target = rebalanced  # earlier graphs are planned again with less
+            decision = solve_fraction(saved, target)
     else:
         try:
             decision = replay_fraction(saved, target, replay.actions)
@@ -161,9 +166,12 @@ def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProf
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)
     if ledger is not None:
-        ledger.record(problem.graph, decision.plain_bytes, target, decision.kept_bytes)
+        entry = ledger.record(problem.graph, decision.plain_bytes, target,
+                              decision.kept_bytes, decision.floor_bytes)
         plan.extra["model"] = {"graphs": len(ledger.shares), "plain_bytes": ledger.plain_bytes,
-                               "kept_bytes": ledger.kept_bytes}
+                               "kept_bytes": ledger.kept_bytes, "entry": entry,
+                               "replan": [ledger.shares[i].graph
+                                          for i in sorted(ledger.replan_shares)]}
     return plan
 
 
