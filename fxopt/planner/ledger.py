@@ -110,11 +110,15 @@ class BudgetLedger:
         bytes, earlier graphs, first compiled first, are marked to be planned again with
         smaller shares (``replan_shares``, each down to at most its floor) so that the
         next graph's floor fits, and that share is returned; None where the floors do not
-        fit (or earlier graphs cannot be planned again)."""
+        fit (every earlier graph is then planned again at its floor: the model's floor's
+        plan, as for one graph below its floor) or earlier graphs cannot be planned again."""
         if not self.replans or self.replanning is not None:
             return None
         budget = int(fraction * (self.plain_bytes + plain_bytes))
         if sum(s.floor_bytes for s in self.shares) + floor_bytes > budget:
+            # below the model's floor: its floor's plan, every earlier graph at its floor
+            self.replan_shares.update({i: s.floor_bytes for i, s in enumerate(self.shares)
+                                       if s.kept_bytes > s.floor_bytes})
             return None
         excess = floor_bytes - (budget - sum(self._promised(i) for i in range(len(self.shares))))
         for i, entry in enumerate(self.shares):

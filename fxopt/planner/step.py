@@ -162,6 +162,11 @@ def _fraction_plan(problem: StepProblem, fraction: float, hardware: HardwareProf
         message = (f"fxopt: swap_recompute cannot keep {problem.graph}'s saved bytes within "
                    f"{within}: the floor, with everything recomputable recomputed, is "
                    f"{decision.floor_fraction:.3f} ({decision.floor_bytes} bytes)")
+        if shared:  # the model's floor: what no re-planning of earlier graphs goes below
+            floors = sum(s.floor_bytes for s in ledger.shares) + decision.floor_bytes
+            message += (f"; the floors of the model's {len(ledger.shares) + 1} graphs "
+                        f"together are {floors / (ledger.plain_bytes + decision.plain_bytes):.3f}"
+                        " of its plain saved bytes")
         _infeasible(message, "applying the floor's plan", strict)
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)

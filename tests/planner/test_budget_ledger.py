@@ -111,6 +111,8 @@ def test_a_graph_whose_floor_misses_its_share_gets_room_from_earlier_graphs():
     assert ledger.record("g0", 1000, 300, 250, floor_bytes=100) == 0
     ledger.replanning = None
     assert ledger.replan_shares == {} and ledger.kept_bytes == 250 + 400 + 800 <= 1500
-    # floors above the budget: nothing to rebalance (strict raises, as for one graph)
+    # floors above the budget: no share (strict raises, as for one graph); the earlier
+    # graphs go to their floors, the model's floor's plan
     assert ledger.rebalance(0.5, 1000, 1900) is None
+    assert ledger.replan_shares == {0: 100, 1: 300}
     assert BudgetLedger().rebalance(0.5, 1000, 800) is None  # fxopt plan's: cannot replan
