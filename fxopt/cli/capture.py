@@ -22,8 +22,10 @@ import torch
 from torch import fx, nn
 
 from fxopt import _compat
+from fxopt.passes.base import activation_inputs
 from fxopt.passes.swap_recompute.noop_dropout import drop_noop_dropouts
 from fxopt.passes.swap_recompute.recompute_rnn import recompute_whole_rnns
+from fxopt.planner.joint import activation_placeholders
 
 __all__ = ["CapturedJoint", "capture_dynamo", "capture_joints"]
 
@@ -33,6 +35,8 @@ class CapturedJoint:
     gm: fx.GraphModule
     num_fwd_outputs: int
     removed_bytes: int = 0  # plain saved bytes recompute_rnn took out (a fraction's base)
+    # placeholders that are another graph's outputs (counted by a fraction when kept)
+    activation_inputs: frozenset[str] = frozenset()
 
 
 def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
@@ -41,9 +45,11 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
     torch.compiler.reset()
     found: list[CapturedJoint] = []
     removed = [0]  # by the Dynamo graph being traced
+    inputs_made: list[Any] = [((), 0)]  # its activation inputs: (positions, inputs)
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
-        found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"], removed[0]))
+        found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"], removed[0],
+                                   activation_placeholders(joint, *inputs_made[0])))
         return _compat.default_partition(joint, joint_inputs, **kwargs)
 
     def run_as_is(gm: fx.GraphModule, _: Any) -> Any:
@@ -55,6 +61,7 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
         # what compilation under a budget does before autograd (swap_recompute's flag)
         dropped, (recomputed, _, removed[0]) = drop_noop_dropouts(gm), recompute_whole_rnns(gm)
+        inputs_made[0] = (activation_inputs(example_inputs), len(example_inputs))
         if dropped or recomputed:
             gm.recompile()
         return aot(gm, example_inputs)
