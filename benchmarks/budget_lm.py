@@ -4,7 +4,13 @@ logging graph breaks left in (GPT-2's ``loss_function`` logs once, so its loss c
 into a second graph whose input is the logits), fp32 and CPU bf16 autocast.
 
     PYTHONPATH=. python benchmarks/budget_lm.py [--models gpt2 llama] [--budgets 0.5 0.3] \
-        [--dtypes fp32 bf16] [--codegen fx auto] [--layers 2 --hidden 128 --seq 128 --batch 4]
+        [--dtypes fp32 bf16] [--codegen fx auto] [--layers 2 --hidden 128 --seq 128 --batch 4] \
+        [--no-logging-breaks]
+
+``--no-logging-breaks``: Dynamo traces through transformers' logger wrappers
+(``torch._dynamo.config.ignore_logging_functions``, what ``fxopt.ignore_transformers_logging``
+sets), so GPT-2 compiles into one graph and its logits can be recomputed from the LM head's
+input instead of crossing a graph break.
 
 For each row it compiles with ``memory_budget=f, strict=True``, runs two steps (the first
 compiles, and a graph given a smaller share by a later one is planned again at its next
@@ -98,10 +104,20 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--no-logging-breaks", action="store_true")
     args = parser.parse_args()
+    if args.no_logging_breaks:
+        import logging
+
+        import transformers  # noqa: F401  (patches its wrappers onto logging.Logger)
+        torch._dynamo.config.ignore_logging_functions |= {
+            getattr(logging.Logger, name) for name in ("warning_once", "warning_advice",
+                                                       "info_once")
+            if hasattr(logging.Logger, name)}
     torch._inductor.config.fallback_random = True  # eager's dropout masks: grads compare
     print(f"torch {torch.__version__}; {args.layers} layers x {args.hidden}, seq {args.seq}, "
-          f"batch {args.batch}; kept = measured saved bytes / eager's (second step)")
+          f"batch {args.batch}; kept = measured saved bytes / eager's (second step); "
+          f"logging graph breaks {'removed' if args.no_logging_breaks else 'left in'}")
     print(f"{'model':<7}{'dtype':<6}{'codegen':<15}{'f':>5}{'graphs':>7}{'kept':>8}  "
           f"{'loss rel':>9}{'grad rel':>9}  note")
     for name in args.models:

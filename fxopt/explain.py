@@ -257,6 +257,8 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
                  f"{stats['model_graphs']}: the model keeps "
                  f"{_mib(stats['model_saved_bytes_after'])} of "
                  f"{_mib(stats['model_plain_saved_bytes'])} MiB so far"
+                 + (f"; {', '.join(stats['model_replan'])} planned again with less at "
+                    "their next call" if stats.get("model_replan") else "")
                  if "share_bytes" in stats else
                  f"bound {_mib(stats['target_saved_bytes'])} MiB")
         head = (f"      predicted saved bytes {_mib(stats['plain_saved_bytes'])} -> "
