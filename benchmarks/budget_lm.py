@@ -105,6 +105,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--no-logging-breaks", action="store_true")
+    parser.add_argument("--no-rerun", action="store_true",
+                        help="where strict raises, report it without the run without strict")
     args = parser.parse_args()
     if args.no_logging_breaks:
         import logging
@@ -135,6 +137,11 @@ def main() -> None:
                         said = _infeasible(error)
                         if said is None:
                             raise
+                        if args.no_rerun:
+                            print(f"{name:<7}{dtype:<6}{codegen:<15}{budget:>5}{'':>7}{'-':>8}"
+                                  f"  {'':>9}{'':>9}  eager {eager:,} B strict raised "
+                                  f"InfeasibleBudget ({said})", flush=True)
+                            continue
                         with warnings.catch_warnings():
                             warnings.simplefilter("ignore")
                             backend, (loss, grads, saved) = run(model, ids, budget, codegen,
