@@ -101,4 +101,5 @@ def offload_optimizer(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     return PassResult(gm, False, {
         "gradients": gradients, "subgroups": len(plan.subgroups),
         "cpu_share": round(plan.cpu_share, 3),
-        "predicted_ms": round(plan.predicted_seconds * 1e3, 4), "plan": plan.to_dict()})
+        "predicted_ms": round(plan.predicted_seconds * 1e3, 4),
+        "host_keeps_up": plan.keeps_up(), "plan": plan.to_dict()})
