@@ -20,6 +20,7 @@ import fxopt
 from fxopt.analysis import measure_saved_bytes
 from fxopt.explain import logging_break
 from fxopt.passes.swap_recompute import InfeasibleBudget
+from fxopt.planner.joint import recomputable
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +134,29 @@ def test_logging_break_reads_dynamos_reasons():
     assert logging_break("Logger not supported for non-export cases") \
         == "Logger"
     assert logging_break("Tensor.item() call") is None
+
+
+def test_a_decomposed_upcast_is_recomputable():
+    graph = torch.fx.Graph()
+    logits = graph.placeholder("logits")
+    upcast = graph.call_function(torch.ops.prims.convert_element_type.default,
+                                 (logits, torch.float32))
+    assert recomputable(upcast)
+
+
+@pytest.mark.slow
+def test_under_inductor_the_body_is_planned_again_and_the_loss_graph_falls_back():
+    """fp32 under Inductor: the body, compiled first, is recompiled within a smaller share
+    at its next call; the loss graph's min-cut keeps 4 bytes over its share (its floor,
+    the logits) at every budget, and fxopt's plan under the default partitioner meets it."""
+    model, (x, labels) = HeadThenLoss(), _inputs()
+    *_, eager = _step(model, model, x, labels)
+    backend = fxopt.backend(codegen="inductor", memory_budget=0.5, strict=True)
+    compiled = torch.compile(model, backend=backend)
+    _step(model, compiled, x, labels)
+    *_, saved = _step(model, compiled, x, labels)
+    body, head = _stats(backend)[-2:]
+    assert body["share_bytes"] < 0.5 * body["plain_saved_bytes"]  # planned again, with less
+    assert head["inductor"]["partition"] == "fxopt plan, default partitioner"
+    assert saved <= 0.5 * eager
+    assert saved == body["inductor"]["saved_bytes_after"] + head["inductor"]["saved_bytes_after"]
