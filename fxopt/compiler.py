@@ -159,7 +159,6 @@ class Backend:
                 raise
             return _raise_when_run(compiler.record.name, exc)
 
-
     def _replanner(self, gm: fx.GraphModule, options: Options, index: int, entry: int
                    ) -> Callable[[list[Any]], Callable[..., Any]]:
         """Compile graph ``index`` again (its ledger ``entry`` planned within a smaller
