@@ -39,7 +39,7 @@ from fxopt.analysis.memory import (
 from fxopt.codegen import FX, Codegen, graph_device, resolve_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
-from fxopt.passes.base import REMOVED_SAVED_BYTES
+from fxopt.passes.base import ACTIVATION_INPUTS, REMOVED_SAVED_BYTES, activation_inputs
 from fxopt.pipeline import (
     Instrument,
     PassFailure,
@@ -49,7 +49,7 @@ from fxopt.pipeline import (
     removed_saved_bytes,
     run_stage,
 )
-from fxopt.planner.ledger import BudgetLedger
+from fxopt.planner.ledger import BudgetLedger, Replannable
 from fxopt.planner.plan import load_plans
 
 __all__ = ["Backend", "GraphRecord", "StrictCompileError", "backend", "fxopt_backend"]
@@ -133,7 +133,7 @@ class Backend:
         self._instruments = tuple(instruments)
         self._plain_baseline = plain_baseline
         self.graphs: list[GraphRecord] = []
-        self.budget_ledger = BudgetLedger()
+        self.budget_ledger = BudgetLedger(replans=True)
 
     def __repr__(self) -> str:  # Dynamo's error messages name the backend with this
         arguments = [f"{k}={v!r}" for k, v in self._options.items()]
@@ -151,13 +151,36 @@ class Backend:
         compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments,
                                   self._plain_baseline, self.budget_ledger)
         self.graphs.append(compiler.record)
+        entries = len(self.budget_ledger.shares)
         try:
-            return compiler.compile(gm, example_inputs)
+            compiled = compiler.compile(gm, example_inputs)
+            if len(self.budget_ledger.shares) == entries + 1:  # a share of the budget
+                return Replannable(compiled, self.budget_ledger, entries,
+                                   self._replanner(gm, resolved, len(self.graphs) - 1,
+                                                   entries))
+            return compiled
         except Exception as exc:
             if (not resolved.strict or _compat.is_dynamo_protocol_error(exc)
                     or not _compat.dynamo_suppresses_errors()):
                 raise
             return _raise_when_run(compiler.record.name, exc)
+
+    def _replanner(self, gm: fx.GraphModule, options: Options, index: int, entry: int
+                   ) -> Callable[[list[Any]], Callable[..., Any]]:
+        """Compile graph ``index`` again (its ledger ``entry`` planned within a smaller
+        share: :class:`~fxopt.planner.ledger.Replannable`) on a call's inputs."""
+        def recompile(inputs: list[Any]) -> Callable[..., Any]:
+            name = self.graphs[index].name
+            compiler = _GraphCompiler(options, name, self._instruments, self._plain_baseline,
+                                      self.budget_ledger)
+            self.budget_ledger.replanning = entry
+            try:
+                compiled = compiler.compile(gm, inputs)
+            finally:
+                self.budget_ledger.replanning = None
+            self.graphs[index] = compiler.record
+            return compiled
+        return recompile
 
 
 def backend(**options: Any) -> Backend:
@@ -223,6 +246,7 @@ class _GraphCompiler:
         self.device = torch.device("cpu")
         self.codegen = FX  # resolved for the graph's device in compile()
         self._partitioned_backward: fx.GraphModule | None = None
+        self._activation_inputs: tuple[tuple[int, ...], int] = ((), 0)
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
@@ -249,6 +273,7 @@ class _GraphCompiler:
     def _compile_stages(self, gm: fx.GraphModule, example_inputs: Sequence[Any]
                         ) -> Callable[..., Any]:
         ctx = self._context(Stage.PRE_AUTOGRAD, GraphKind.DYNAMO, example_inputs)
+        self._activation_inputs = (activation_inputs(example_inputs), len(example_inputs))
         plain = gm
 
         def traced(gm: fx.GraphModule) -> None:
@@ -284,7 +309,9 @@ class _GraphCompiler:
         self.record.memory.setdefault("autograd", _report_only(estimate, joint))
         removed = removed_saved_bytes(self.record.passes)
         ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
-                            num_fwd_outputs=num_fwd_outputs, **{REMOVED_SAVED_BYTES: removed})
+                            num_fwd_outputs=num_fwd_outputs, **{REMOVED_SAVED_BYTES: removed,
+                                                                ACTIVATION_INPUTS:
+                                                                self._activation_inputs})
         joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
         self.record.graphs["joint"] = joint
         forward, backward = self.codegen.partitioner(

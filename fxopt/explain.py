@@ -8,14 +8,16 @@ data is on the object (``report.passes[i].name``, ``.verdicts``, ``.stats``, ...
 
 "Plain autograd" is always the Dynamo graph without any fxopt pass (explain asks the
 backend to trace it separately when a pre-autograd pass such as tempo changed the graph).
-``report.notes`` says what the table cannot: why Dynamo captured no graph, and RNN modules
+``report.notes`` says what the table cannot: why Dynamo captured no graph, RNN modules
 Dynamo does not trace (``torch._dynamo.config.allow_rnn``), which fuse_rnn and a memory
-budget (recompute_rnn) then never see.
+budget (recompute_rnn) then never see, and graph breaks at logging calls (transformers'
+``logger.warning_once``, :func:`logging_break`) with the setting that removes them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +32,7 @@ from fxopt.passes.base import WHOLE_GRAPH, Verdicts
 from fxopt.pipeline import PassRecord
 from fxopt.units import format_mib as _mib
 
-__all__ = ["explain", "ExplainReport", "GraphBreak"]
+__all__ = ["explain", "ExplainReport", "GraphBreak", "logging_break"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,16 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
             f"Dynamo does not trace {', '.join(rnns)}: it breaks the graph there unless "
             "torch._dynamo.config.allow_rnn = True is set before compiling, so fxopt never "
             "sees the module" + (f" ({'; '.join(lost)})" if lost else ""))
+    logging_calls = sorted({m for b in breaks if (m := logging_break(b.reason)) is not None})
+    if logging_calls:
+        notes.append(
+            f"Dynamo breaks the graph at a logging call ({', '.join(logging_calls)}): the "
+            "model compiles into more graphs (a memory budget is then shared by them, and "
+            "a loss after the break keeps its logits input; fxopt.planner.ledger). "
+            "fxopt.ignore_transformers_logging() removes transformers' breaks; in torch "
+            "itself the setting is torch._dynamo.config.ignore_logging_functions (torch "
+            ">= 2.11; it takes the exact function, e.g. transformers' "
+            "logging.Logger.warning_once), ignore_logger_methods in older torch")
     if not graphs:
         why = ("see the graph break(s) above" if breaks else
                "the call ran no tensor operation Dynamo could capture, or Dynamo skipped "
@@ -142,6 +154,19 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
         notes.append(f"Dynamo captured no graph, so fxopt compiled nothing and no pass ran "
                      f"({'set torch._dynamo.config.allow_rnn = True' if rnn_untraced else why})")
     return notes
+
+
+_LOGGING_BREAK = re.compile(r"logging\.Logger method|Logger not supported")
+_LOGGING_METHOD = re.compile(r"method: <Logger [^>]*>\.(\w+)")
+
+
+def logging_break(reason: str) -> str | None:
+    """The logging method a Dynamo graph-break ``reason`` names (``"Logger.warning_once"``;
+    ``"Logger"`` where the reason does not say which), or None: not a logging call."""
+    if not _LOGGING_BREAK.search(reason):
+        return None
+    method = _LOGGING_METHOD.search(reason)
+    return f"Logger.{method.group(1)}" if method else "Logger"
 
 
 def differentiable_outputs(output: Any) -> list[torch.Tensor]:
@@ -262,6 +287,8 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
                  f"{stats['model_graphs']}: the model keeps "
                  f"{_mib(stats['model_saved_bytes_after'])} of "
                  f"{_mib(stats['model_plain_saved_bytes'])} MiB so far"
+                 + (f"; {', '.join(stats['model_replan'])} planned again with less at "
+                    "their next call" if stats.get("model_replan") else "")
                  if "share_bytes" in stats else
                  f"bound {_mib(stats['target_saved_bytes'])} MiB")
         head = (f"      predicted saved bytes {_mib(stats['plain_saved_bytes'])} -> "

@@ -26,7 +26,9 @@ from fxopt import _compat, config
 from fxopt.codegen import FX, Codegen, graph_device, resolve_codegen
 from fxopt.config import Options
 from fxopt.passes import GraphKind, PassContext, Stage
+from fxopt.passes.base import activation_inputs
 from fxopt.pipeline import PassRecord, capture_step, removed_saved_bytes
+from fxopt.planner.joint import activation_placeholders
 
 __all__ = ["CapturedJoint", "capture_dynamo", "capture_joints"]
 
@@ -37,6 +39,8 @@ class CapturedJoint:
     num_fwd_outputs: int
     removed_bytes: int = 0  # plain saved bytes recompute_rnn took out (a fraction's base)
     codegen: Codegen = FX  # the code generator compilation resolves for the graph
+    # placeholders that are another graph's outputs (counted by a fraction when kept)
+    activation_inputs: frozenset[str] = frozenset()
 
 
 def capture_joints(model: nn.Module, inputs: Sequence[Any], *, dynamic: bool = False,
@@ -58,8 +62,10 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *, dynamic: bool = F
         records: list[PassRecord] = []
 
         def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
-            found.append(CapturedJoint(joint, kwargs["num_fwd_outputs"],
-                                       removed_saved_bytes(records), ctx.codegen))
+            found.append(CapturedJoint(
+                joint, kwargs["num_fwd_outputs"], removed_saved_bytes(records), ctx.codegen,
+                activation_placeholders(joint, activation_inputs(example_inputs),
+                                        len(example_inputs))))
             return _compat.default_partition(joint, joint_inputs, **kwargs)
 
         return capture_step(gm, example_inputs, ctx, records, partition=partition)

@@ -137,7 +137,8 @@ def _plan(args: argparse.Namespace) -> int:
     ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
     plans = []
     built = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=joint.codegen,
-                          name=f"g{index}", removed_bytes=joint.removed_bytes)
+                          name=f"g{index}", removed_bytes=joint.removed_bytes,
+                          activation_inputs=joint.activation_inputs)
              for index, joint in enumerate(joints)]
     problems = [problem for _, problem in built]
     shares: list[int | None] = [None] * len(joints)

@@ -30,13 +30,28 @@ if TYPE_CHECKING:
     from fxopt.planner.ledger import BudgetLedger
 
 __all__ = ["Stage", "GraphKind", "PassResult", "PassContext", "PassSpec", "RewriteCounter",
-           "Matched", "Decline", "Verdicts", "WHOLE_GRAPH", "REMOVED_SAVED_BYTES"]
+           "Matched", "Decline", "Verdicts", "WHOLE_GRAPH", "REMOVED_SAVED_BYTES",
+           "ACTIVATION_INPUTS", "activation_inputs"]
 
 
 # The stat by which a pre-autograd pass says how many of plain autograd's saved bytes it
 # took out of the graph (recompute_rnn): swap_recompute adds them back to a fraction's base,
 # so that the fraction stays one of eager's bytes, not of what is left after the rewrite.
 REMOVED_SAVED_BYTES = "plain_saved_bytes_removed"
+
+# The joint-stage fact naming which of the graph's inputs are activations (positions in
+# Dynamo's example inputs): tensors that require grad and are not leaves, made by autograd
+# before this graph ran (another compiled graph's output across a graph break). A
+# fraction's accounting counts them when the graph keeps them for backward; parameters,
+# buffers and the user's own inputs (leaves) it leaves out.
+ACTIVATION_INPUTS = "activation_inputs"
+
+
+def activation_inputs(example_inputs: Any) -> tuple[int, ...]:
+    """Positions of ``example_inputs`` that are activations (see :data:`ACTIVATION_INPUTS`)."""
+    return tuple(i for i, value in enumerate(example_inputs)
+                 if isinstance(value, torch.Tensor) and value.requires_grad
+                 and not value.is_leaf)
 
 
 class Stage(str, enum.Enum):
@@ -93,7 +108,8 @@ class PassContext:
     estimate_memory: Callable[[fx.GraphModule], MemoryEstimate | None] = lambda gm: None
     rewrites: RewriteCounter = field(default_factory=RewriteCounter)
     # Stage-specific facts: at the joint stage {"num_fwd_outputs": 3, REMOVED_SAVED_BYTES:
-    # the sum of that stat over the graph's pre-autograd passes that fired}.
+    # the sum of that stat over the graph's pre-autograd passes that fired,
+    # ACTIVATION_INPUTS: (positions, number of example inputs)}.
     facts: dict[str, Any] = field(default_factory=dict)
     # The model's fraction budget, shared by the graphs one Backend compiles
     # (fxopt.planner.ledger); None: this graph alone.

@@ -64,7 +64,8 @@ from fxopt.planner.plan import graph_fingerprint
 from fxopt.planner.solvers.fraction import RecomputeOption, SavedBytesProblem, rng_state_bytes
 from fxopt.planner.step import StepProblem
 
-__all__ = ["RECOMPUTABLE_CUSTOM_OPS", "JointAnalysis", "analyse_joint", "build_problem",
+__all__ = ["RECOMPUTABLE_CUSTOM_OPS", "JointAnalysis", "activation_placeholders",
+           "analyse_joint", "build_problem",
            "group_chain", "is_random", "recomputable", "recompute_chain",
            "saved_bytes_problem", "step_problem"]
 
@@ -101,9 +102,16 @@ RECOMPUTABLE_CUSTOM_OPS = frozenset({
     "fxopt::tempo_softmax_dropout_matmul", "fxopt::lstm_cell", "fxopt::gru_cell"})
 
 
+# Namespaces whose functional (non-mutating) ops a recompute may run again: aten, and the
+# prims Inductor's decompositions leave in its joint graph (``prims.convert_element_type``
+# is how a decomposed ``logits.float()`` reads: a chain that stopped there kept its fp32
+# copy, and a loss graph's floor was its plain bytes).
+_FUNCTIONAL_NAMESPACES = frozenset({"aten", "prims"})
+
+
 def recomputable(node: fx.Node, *, random_ok: bool = False) -> bool:
-    """Whether a recompute may rebuild ``node`` by running it again: a functional aten op or
-    one of :data:`RECOMPUTABLE_CUSTOM_OPS`; a random one only with ``random_ok`` (the
+    """Whether a recompute may rebuild ``node`` by running it again: a functional aten or
+    prims op or one of :data:`RECOMPUTABLE_CUSTOM_OPS`; a random one only with ``random_ok`` (the
     partitioner then replays its forward's RNG state, see :mod:`fxopt.planner.solvers.fraction`)."""
     if node.op != "call_function" or (is_random(node) and not random_ok):
         return False
@@ -113,7 +121,7 @@ def recomputable(node: fx.Node, *, random_ok: bool = False) -> bool:
     schema = getattr(node.target, "_schema", None)
     if schema is None or schema.is_mutable:
         return False
-    return (getattr(node.target, "namespace", "") == "aten"
+    return (getattr(node.target, "namespace", "") in _FUNCTIONAL_NAMESPACES
             or schema.name in RECOMPUTABLE_CUSTOM_OPS)
 
 
@@ -307,15 +315,32 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
         step_seconds=tuple(a.step_seconds))
 
 
+def activation_placeholders(gm: fx.GraphModule, positions: tuple[int, ...],
+                            num_inputs: int) -> frozenset[str]:
+    """Names of the joint graph's ``primals_*`` placeholders at ``positions`` of the
+    ``num_inputs`` inputs Dynamo gave (AOTAutograd puts the graph module's own parameters
+    and buffers first, so the inputs are the last primals). Where AOTAutograd changed
+    their number (duplicate inputs merged) none is named: the graph's inputs then stay out
+    of the accounting, as the user's."""
+    primals = [n for n in gm.graph.find_nodes(op="placeholder")
+               if n.name.startswith("primals")]
+    offset = len(primals) - num_inputs
+    if not positions or offset < 0:
+        return frozenset()
+    return frozenset(primals[offset + i].name for i in positions)
+
+
 def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwareProfile, *,
                  codegen: Codegen | str = "fx", force_swap: bool = False, name: str = "",
-                 removed_bytes: int = 0) -> tuple[JointAnalysis, StepProblem]:
+                 removed_bytes: int = 0, activation_inputs: frozenset[str] = frozenset()
+                 ) -> tuple[JointAnalysis, StepProblem]:
     """The one builder of :func:`fxopt.planner.step.plan_step`'s input from a joint graph,
     for the pass and ``fxopt plan`` alike: recompute choices (none under ``force_swap``),
     swap choices on CUDA or under ``force_swap``, a blocking offload under Inductor, random
     ops recomputed with their RNG state replayed (both partitioners replay a tagged random
     op: torch's ``functionalize_rng_ops``). ``removed_bytes``: plain autograd's saved bytes
-    that rewrites before autograd took out of the graph (a fraction's base keeps them)."""
+    that rewrites before autograd took out of the graph (a fraction's base keeps them);
+    ``activation_inputs``: placeholders that are activations (:func:`saved_bytes_problem`)."""
     codegen = as_codegen(codegen)
     analysis = analyse_joint(gm, num_fwd_outputs, hardware)
     estimate = analysis.estimate
@@ -325,7 +350,8 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
                                 blocking_offload=codegen.blocking_copies)
     saved = dataclasses.replace(
         saved_bytes_problem(analysis, random_ok=True,
-                            rng_state_bytes=rng_state_bytes(hardware.device_type)),
+                            rng_state_bytes=rng_state_bytes(hardware.device_type),
+                            activation_inputs=activation_inputs),
         removed_bytes=removed_bytes)
     return analysis, StepProblem(
         graph=name, fingerprint=tuple(graph_fingerprint(gm)), activations=activations,
@@ -347,12 +373,19 @@ def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int
     return simulate
 
 
-def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
-                        rng_state_bytes: int) -> SavedBytesProblem:
+def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool, rng_state_bytes: int,
+                        activation_inputs: frozenset[str] = frozenset()) -> SavedBytesProblem:
     """The fraction budget's problem (:mod:`fxopt.planner.solvers.fraction`): per saved tensor its
     storage and, where it can be recomputed, its one-level chain and stops. ``random_ok``:
     random ops may be recomputed (replaying their RNG state, ``rng_state_bytes`` kept per
-    random op)."""
+    random op).
+
+    ``activation_inputs``: placeholders that are activations, another graph's outputs
+    across a graph break (:data:`fxopt.passes.base.ACTIVATION_INPUTS`). Such an input is
+    kept for backward like any activation when a saved tensor is it or views it (counted
+    in the plain bytes and in every plan's), and it is a stop of every chain that reads it
+    (a recompute from it keeps it). Other placeholders (parameters, buffers, the user's
+    inputs) are the caller's and never counted."""
     sizes: dict[str, int] = {}
 
     def key(node: fx.Node) -> str:
@@ -360,9 +393,12 @@ def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
         sizes.setdefault(base.name, storage_nbytes(base.meta["val"]))
         return base.name
 
+    def counted(node: fx.Node) -> bool:  # a storage the fraction counts when it is kept
+        return a.base[node].op != "placeholder" or a.base[node].name in activation_inputs
+
     saved = set(a.saved)
     kept_storages = {a.base[n] for n in a.saved}
-    always = {key(n) for n in a.saved if n not in a.group_of and a.base[n].op != "placeholder"}
+    always = {key(n) for n in a.saved if n not in a.group_of and counted(n)}
     groups: list[tuple[list[str], set[fx.Node], set[str]]] = []  # names, chain, stops
     seconds: dict[str, float] = {}
     for name, group in a.candidates.items():
@@ -373,6 +409,8 @@ def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool,
             continue
         stops = {key(r) for r in reads if r not in saved and r not in kept_storages
                  and a.base[r].op != "placeholder"}
+        stops |= {key(i) for n in chain for i in n.all_input_nodes
+                  if i.op == "placeholder" and i.name in activation_inputs}
         for n in chain:
             seconds[n.name] = a.step_seconds[a.step_of[n]] if n in a.step_of else 0.0
             if is_random(n) and n.target is not operator.getitem:

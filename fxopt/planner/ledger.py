@@ -11,14 +11,25 @@ cannot change afterwards; so the budget is split as they come:
   ``k``'s time-vs-saved-bytes path, so the bytes that are left go to the graph being
   planned, where each buys the most time (cheapest bytes first), and what an earlier
   graph left unused (its path moves in steps of whole tensors) is the next one's;
-- a graph whose floor is above its share keeps its floor (warned, as for one graph), and
-  the graphs after it pay for the excess out of their own shares.
+- a graph whose floor is above its share, where the floors of all the graphs so far fit
+  ``f`` x their plain bytes, gets its floor's share, and earlier graphs give the
+  difference back: each of them, first compiled first, is given a smaller share (down to
+  its floor) and planned again (recompiled) at its next call (:meth:`BudgetLedger.
+  rebalance`, :class:`Replannable`, which the backend wraps each budgeted graph in; the
+  step that compiled the late graph ran the earlier graphs' first plans, so the budget
+  holds from the next step). A loss graph after a graph break is such a graph: its
+  logits are its input, kept whatever it recomputes, and only the graphs before it can
+  make room;
+- where even the floors do not fit, the graph keeps its floor (warned, or
+  ``InfeasibleBudget`` under ``strict``, as for one graph), and the graphs after it pay
+  for the excess out of their own shares.
 
-So after each compilation the graphs compiled so far keep at most ``f`` x their plain
-bytes, unless the floors of all of them together are above it. What this cannot do is
-give an earlier graph bytes a later one would leave unused: the first graph gets ``f`` of
-its own. Graphs compiled later (a recompilation for new shapes, a graph first reached in
-a later step) join the ledger like any other, with their plain bytes added to the total.
+So from the step after each compilation the graphs compiled so far keep at most ``f`` x
+their plain bytes, unless the floors of all of them together are above it. What this
+cannot do is give an earlier graph bytes a later one would leave unused: the first graph
+gets ``f`` of its own. Graphs compiled later (a recompilation for new shapes, a graph
+first reached in a later step) join the ledger like any other, with their plain bytes
+added to the total.
 
 The ledger lives on one :class:`fxopt.Backend` (``torch.compile(model,
 backend=fxopt.backend(memory_budget=0.5))``); the string backend ``backend="fxopt"`` makes
@@ -35,11 +46,16 @@ bytes first). Compilation replays such a split from the saved plans (``plan=``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fxopt.planner.solvers.fraction import SavedBytesProblem, solve_fraction
 
-__all__ = ["BudgetLedger", "GraphShare", "split_by_frontiers"]
+__all__ = ["BudgetLedger", "GraphShare", "Replannable", "split_by_frontiers"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,22 +67,73 @@ class GraphShare:
     plain_bytes: int
     share_bytes: int
     kept_bytes: int
+    floor_bytes: int = 0
 
 
 @dataclass
 class BudgetLedger:
-    """The graphs of one model planned under a fraction budget, in compilation order."""
+    """The graphs of one model planned under a fraction budget, in compilation order.
+
+    ``replans``: earlier graphs can be planned again (the backend's compiled graphs are
+    :class:`Replannable`); ``fxopt plan``'s ledger cannot, so it never rebalances.
+    ``replan_shares``: entry -> the smaller share it is to be planned again with;
+    ``replanning``: the entry being planned again now (its share is set, its entry is
+    replaced, not appended)."""
 
     shares: list[GraphShare] = field(default_factory=list)
+    replans: bool = False
+    replan_shares: dict[int, int] = field(default_factory=dict)
+    replanning: int | None = None
 
     def share_for(self, fraction: float, plain_bytes: int) -> int:
         """The saved bytes the next graph (``plain_bytes`` with everything kept) may keep."""
+        if self.replanning is not None:
+            return self.replan_shares[self.replanning]
         plain = sum(s.plain_bytes for s in self.shares) + plain_bytes
         kept = sum(s.kept_bytes for s in self.shares)
         return max(0, int(fraction * plain) - kept)
 
-    def record(self, graph: str, plain_bytes: int, share_bytes: int, kept_bytes: int) -> None:
-        self.shares.append(GraphShare(graph, plain_bytes, share_bytes, kept_bytes))
+    def record(self, graph: str, plain_bytes: int, share_bytes: int, kept_bytes: int,
+               floor_bytes: int = 0) -> int:
+        """Enter a planned graph (or replace the entry being planned again); its index."""
+        share = GraphShare(graph, plain_bytes, share_bytes, kept_bytes, floor_bytes)
+        if self.replanning is not None:
+            self.shares[self.replanning] = share
+            self.replan_shares.pop(self.replanning, None)
+            return self.replanning
+        self.shares.append(share)
+        return len(self.shares) - 1
+
+    def rebalance(self, fraction: float, plain_bytes: int, floor_bytes: int) -> int | None:
+        """The share of a next graph whose floor (``floor_bytes``) is above
+        :meth:`share_for`: where the floors of every graph fit ``fraction`` x the plain
+        bytes, earlier graphs, first compiled first, are marked to be planned again with
+        smaller shares (``replan_shares``, each down to at most its floor) so that the
+        next graph's floor fits, and that share is returned; None where the floors do not
+        fit (every earlier graph is then planned again at its floor: the model's floor's
+        plan, as for one graph below its floor) or earlier graphs cannot be planned again."""
+        if not self.replans or self.replanning is not None:
+            return None
+        budget = int(fraction * (self.plain_bytes + plain_bytes))
+        if sum(s.floor_bytes for s in self.shares) + floor_bytes > budget:
+            # below the model's floor: its floor's plan, every earlier graph at its floor
+            self.replan_shares.update({i: s.floor_bytes for i, s in enumerate(self.shares)
+                                       if s.kept_bytes > s.floor_bytes})
+            return None
+        excess = floor_bytes - (budget - sum(self._promised(i) for i in range(len(self.shares))))
+        for i, entry in enumerate(self.shares):
+            give = min(self._promised(i) - entry.floor_bytes, excess)
+            if give > 0:
+                self.replan_shares[i] = self._promised(i) - give
+                excess -= give
+                log.info("fxopt: memory_budget: graph %s is to be planned again within "
+                         "%d bytes (it keeps %d), making room for a later graph's floor",
+                         entry.graph, self.replan_shares[i], entry.kept_bytes)
+        return budget - sum(self._promised(i) for i in range(len(self.shares)))
+
+    def _promised(self, entry: int) -> int:
+        """What an entry keeps, or its smaller share where it is to be planned again."""
+        return self.replan_shares.get(entry, self.shares[entry].kept_bytes)
 
     @property
     def plain_bytes(self) -> int:
@@ -75,6 +142,28 @@ class BudgetLedger:
     @property
     def kept_bytes(self) -> int:
         return sum(s.kept_bytes for s in self.shares)
+
+
+class Replannable:
+    """A compiled graph of the model's ledger entry ``entry`` that is compiled again,
+    by ``recompile(inputs)`` with the call's inputs, at its first call after the ledger
+    gives the entry a smaller share (:meth:`BudgetLedger.rebalance`). Dynamo calls it as
+    it calls what a backend returns: with the graph's inputs as arguments."""
+
+    def __init__(self, compiled: Callable[..., Any], ledger: BudgetLedger, entry: int,
+                 recompile: Callable[[list[Any]], Callable[..., Any]]) -> None:
+        self.compiled = compiled
+        self.ledger = ledger
+        self.entry = entry
+        self.recompile = recompile
+
+    def __call__(self, *args: Any) -> Any:
+        if self.entry in self.ledger.replan_shares:
+            try:
+                self.compiled = self.recompile(list(args))
+            finally:  # planned again, or failed (recompile warned or raised): once
+                self.ledger.replan_shares.pop(self.entry, None)
+        return self.compiled(*args)
 
 
 def split_by_frontiers(problems: list[SavedBytesProblem], fraction: float) -> list[int]:

@@ -142,6 +142,11 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
         target = budget.saved_bytes_bound(saved.plain_bytes)
     if replay is None:
         decision = solve_fraction(saved, target)
+        if not decision.feasible and ledger is not None and share_bytes is None and (
+                rebalanced := ledger.rebalance(fraction, saved.plain_bytes,
+                                               decision.floor_bytes)) is not None:
+            target = rebalanced  # earlier graphs are planned again with less
+            decision = solve_fraction(saved, target)
     else:
         try:
             decision = replay_fraction(saved, target, replay.actions)
@@ -157,13 +162,21 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
         message = (f"fxopt: swap_recompute cannot keep {problem.graph}'s saved bytes within "
                    f"{within}: the floor, with everything recomputable recomputed, is "
                    f"{decision.floor_fraction:.3f} ({decision.floor_bytes} bytes)")
+        if shared:  # the model's floor: what no re-planning of earlier graphs goes below
+            floors = sum(s.floor_bytes for s in ledger.shares) + decision.floor_bytes
+            message += (f"; the floors of the model's {len(ledger.shares) + 1} graphs "
+                        f"together are {floors / (ledger.plain_bytes + decision.plain_bytes):.3f}"
+                        " of its plain saved bytes")
         _infeasible(message, "applying the floor's plan", strict)
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)
     if ledger is not None:
-        ledger.record(problem.graph, decision.plain_bytes, target, decision.kept_bytes)
+        entry = ledger.record(problem.graph, decision.plain_bytes, target,
+                              decision.kept_bytes, decision.floor_bytes)
         plan.extra["model"] = {"graphs": len(ledger.shares), "plain_bytes": ledger.plain_bytes,
-                               "kept_bytes": ledger.kept_bytes}
+                               "kept_bytes": ledger.kept_bytes, "entry": entry,
+                               "replan": [ledger.shares[i].graph
+                                          for i in sorted(ledger.replan_shares)]}
     return plan
 
 

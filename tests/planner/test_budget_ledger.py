@@ -93,3 +93,26 @@ def test_split_by_frontiers_gives_the_bytes_where_they_save_the_most_time():
     assert split_by_frontiers([cheap, costly], 0.5) == [0, 100]
     assert split_by_frontiers([costly, cheap], 0.0) == [0, 0]  # the floors
     assert split_by_frontiers([costly, cheap], 1.0) == [100, 100]
+
+
+def test_a_graph_whose_floor_misses_its_share_gets_room_from_earlier_graphs():
+    """Where the floors of all graphs fit the budget, the earlier graphs are given smaller
+    shares (planned again at their next call) and the late graph gets its floor."""
+    ledger = BudgetLedger(replans=True)
+    ledger.record("g0", 1000, 500, 500, floor_bytes=100)
+    ledger.record("g1", 1000, 500, 400, floor_bytes=300)
+    # g2: plain 1000, floor 800; 0.5 x 3000 - 900 = 600 left: 200 short
+    assert ledger.share_for(0.5, 1000) == 600
+    assert ledger.rebalance(0.5, 1000, 800) == 800
+    assert ledger.replan_shares == {0: 300}  # the first graph gives the 200 bytes back
+    ledger.record("g2", 1000, 800, 800, floor_bytes=800)
+    ledger.replanning = 0  # what Replannable does at g0's next call
+    assert ledger.share_for(0.5, 1000) == 300
+    assert ledger.record("g0", 1000, 300, 250, floor_bytes=100) == 0
+    ledger.replanning = None
+    assert ledger.replan_shares == {} and ledger.kept_bytes == 250 + 400 + 800 <= 1500
+    # floors above the budget: no share (strict raises, as for one graph); the earlier
+    # graphs go to their floors, the model's floor's plan
+    assert ledger.rebalance(0.5, 1000, 1900) is None
+    assert ledger.replan_shares == {0: 100, 1: 300}
+    assert BudgetLedger().rebalance(0.5, 1000, 800) is None  # fxopt plan's: cannot replan

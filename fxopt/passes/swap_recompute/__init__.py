@@ -42,7 +42,13 @@ from fxopt import _compat
 from fxopt.analysis import estimate_partitioned_memory
 from fxopt.codegen import Codegen
 from fxopt.config import MemoryBudget
-from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
+from fxopt.passes.base import (
+    ACTIVATION_INPUTS,
+    REMOVED_SAVED_BYTES,
+    PassContext,
+    PassResult,
+    Verdicts,
+)
 from fxopt.passes.swap_recompute.apply import (
     SWAP_OPS,
     apply_decision,
@@ -51,7 +57,12 @@ from fxopt.passes.swap_recompute.apply import (
 )
 from fxopt.passes.swap_recompute.inductor_budget import BudgetedMinCut
 from fxopt.planner import InfeasibleBudget, Plan, StepProblem, plan_step, profile_for
-from fxopt.planner.joint import JointAnalysis, group_chain, step_problem
+from fxopt.planner.joint import (
+    JointAnalysis,
+    activation_placeholders,
+    group_chain,
+    step_problem,
+)
 from fxopt.planner.plan import load_plans, plan_for_graph
 
 __all__ = ["swap_recompute", "InfeasibleBudget", "place_prefetches", "predict_plan_peak",
@@ -66,10 +77,12 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     if budget is None and saved_plans is None:
         return PassResult.declined_graph(gm, "no memory_budget set: nothing to bound")
     profile = profile_for(ctx.device)
+    inputs = activation_placeholders(gm, *ctx.facts.get(ACTIVATION_INPUTS, ((), 0)))
     analysis, problem = step_problem(gm, ctx.facts["num_fwd_outputs"], profile,
                                      codegen=ctx.codegen,
                                      force_swap=ctx.options.force_swap, name=ctx.graph_name,
-                                     removed_bytes=ctx.facts.get(REMOVED_SAVED_BYTES, 0))
+                                     removed_bytes=ctx.facts.get(REMOVED_SAVED_BYTES, 0),
+                                     activation_inputs=inputs)
     ledger = ctx.budget_ledger  # its graphs so far: this graph's place in the model
     saved_plan = (plan_for_graph(saved_plans, list(problem.fingerprint),
                                  len(ledger.shares) if ledger is not None else None)
@@ -88,7 +101,10 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         stats["inductor"] = {"partition": "pending"}
         gm.meta[_compat.PARTITION_SEARCH] = BudgetedMinCut(
             plan.extra["fraction"], plan.budget_bytes, tuple(plan.extra["tagged"]),
-            stats["inductor"], ledger, plain_fits=not plan.actions)
+            stats["inductor"], ledger, plain_fits=not plan.actions,
+            activation_inputs=inputs, entry=plan.extra.get("model", {}).get("entry"),
+            num_fwd_outputs=ctx.facts["num_fwd_outputs"], strict=ctx.options.strict,
+            plan_feasible=plan.feasible)
         return PassResult(gm, True, _verdicts(plan), stats)
     if plan.actions:
         predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"], ctx.codegen)
@@ -177,7 +193,10 @@ def _fraction_stats(plan: Plan) -> dict[str, object]:
         **({"share_bytes": plan.budget_bytes,
             "model_graphs": plan.extra["model"]["graphs"],
             "model_plain_saved_bytes": plan.extra["model"]["plain_bytes"],
-            "model_saved_bytes_after": plan.extra["model"]["kept_bytes"]}
+            "model_saved_bytes_after": plan.extra["model"]["kept_bytes"],
+            # earlier graphs given smaller shares to make room for this one's floor
+            # (fxopt.planner.ledger): compiled again at their next call
+            "model_replan": plan.extra["model"].get("replan", [])}
            if "model" in plan.extra else {}),
     }
 

@@ -27,8 +27,14 @@ after Inductor's joint-graph passes, and
    where min-cut would redraw that in the backward it is tagged ``MUST_SAVE`` (a few
    bytes, less than an RNG state), and the ops reading it replay from the saved seeds;
 3. where no budget fits the share, applies fxopt's own plan (its recompute tags, which
-   meet the share wherever it is at or above fxopt's floor) under Inductor's min-cut, as
-   before this search existed.
+   meet the share wherever it is at or above fxopt's floor) under Inductor's min-cut, and
+   where that keeps more than the share (min-cut saves what it likes around the tags),
+   under torch's default partitioner, for which fxopt's plan is exact; where even that
+   keeps more, the share is missed: warned, or ``InfeasibleBudget`` under ``strict``.
+
+Every partition's bytes count the graph's inputs that are activations (another graph's
+outputs across a graph break, ``activation_inputs``) when it saves them: a fraction is a
+promise about what the step keeps, measured as saved-tensor hooks measure it.
 
 The ledger's entry for the graph and the pass's stats (``stats["inductor"]``) are then
 set to what the chosen partition keeps (the pass's other stats are fxopt's own plan,
@@ -40,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -48,8 +55,11 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from fxopt import _compat
+from fxopt.analysis.cost import return_aliases
 from fxopt.analysis.memory import estimate_step_memory
+from fxopt.analysis.shapes import storage_nbytes
 from fxopt.passes.swap_recompute.apply import mark_recompute
+from fxopt.planner import InfeasibleBudget
 from fxopt.planner.joint import is_random
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.solvers.fraction import rng_state_bytes
@@ -76,6 +86,12 @@ class BudgetedMinCut:
     stats: dict[str, Any]
     ledger: BudgetLedger | None = None
     plain_fits: bool = False  # everything kept is within the share: try no budget first
+    # placeholders that are activations (another graph's outputs): counted when kept
+    activation_inputs: frozenset[str] = frozenset()
+    entry: int | None = None  # this graph's entry in the ledger
+    num_fwd_outputs: int | None = None  # the joint's: for the default partitioner fallback
+    strict: bool = False  # raise InfeasibleBudget where no partition keeps within the share
+    plan_feasible: bool = True  # fxopt's plan meets the share (else plan_step warned already)
 
     def __call__(self, joint: fx.GraphModule, partition: Callable[..., Any]
                  ) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -85,7 +101,8 @@ class BudgetedMinCut:
 
         def trial(budget: float | None, tags: tuple[str, ...] = ()) -> int:
             result = _exact_random_partition(joint, partition, budget, tags)
-            kept = estimate_step_memory(*result).activation_bytes
+            kept = (estimate_step_memory(*result).activation_bytes
+                    + saved_input_bytes(*result, self.activation_inputs))
             trials.append((budget, kept, result))
             return kept
 
@@ -101,23 +118,71 @@ class BudgetedMinCut:
                     low, fits = middle, trials[-1]
                 else:
                     high = middle
-        chosen = "inductor min-cut" if fits is not None else "fxopt plan"
+        chosen = "inductor min-cut"
         if fits is None:
-            trial(None, self.fallback_tags)
-            fits = trials[-1]
+            chosen, fits = self._fallback(joint, partition, trial, trials)
         budget, kept, (forward, backward) = fits
         self._record(chosen, budget, kept, [(b, k) for b, k, _ in trials])
+        if kept > self.target_bytes and self.plan_feasible:
+            message = (f"fxopt: swap_recompute under Inductor cannot keep this graph's "
+                       f"saved bytes within its share ({self.target_bytes} bytes) of "
+                       f"memory_budget {self.fraction:g}: the fewest its partitions keep "
+                       f"are {kept} bytes")
+            if self.strict:
+                raise InfeasibleBudget(message)
+            warnings.warn(f"{message}; using that partition", stacklevel=2)
         return forward, backward
+
+    def _fallback(self, joint: fx.GraphModule, partition: Callable[..., Any],
+                  trial: Callable[..., int], trials: list[Any]) -> tuple[str, Any]:
+        """Where no budget fits the share: fxopt's plan (its recompute tags) under
+        Inductor's min-cut, else under torch's default partitioner, for which fxopt's
+        plan is exact (it saves what the plan keeps); the one that keeps the fewest bytes
+        where neither fits."""
+        trial(None, self.fallback_tags)
+        if trials[-1][1] <= self.target_bytes or self.num_fwd_outputs is None:
+            return "fxopt plan", trials[-1]
+
+        def own(copy: fx.GraphModule, _: float | None) -> Any:
+            return _compat.default_partition(copy, None, num_fwd_outputs=self.num_fwd_outputs)
+
+        trial_own = _exact_random_partition(joint, own, None, self.fallback_tags)
+        kept = (estimate_step_memory(*trial_own).activation_bytes
+                + saved_input_bytes(*trial_own, self.activation_inputs))
+        trials.append((None, kept, trial_own))
+        if kept <= trials[-2][1]:
+            return "fxopt plan, default partitioner", trials[-1]
+        return "fxopt plan", trials[-2]
 
     def _record(self, chosen: str, budget: float | None, kept: int,
                 trials: list[tuple[float | None, int]]) -> None:
         self.stats.update(partition=chosen, activation_memory_budget=budget,
                           saved_bytes_after=kept, trials=trials)
-        if self.ledger is not None and self.ledger.shares:
-            self.ledger.shares[-1] = dataclasses.replace(self.ledger.shares[-1],
-                                                         kept_bytes=kept)
+        if self.ledger is not None and self.entry is not None:
+            self.ledger.shares[self.entry] = dataclasses.replace(
+                self.ledger.shares[self.entry], kept_bytes=kept)
         log.info("fxopt: swap_recompute under Inductor: %s (activation_memory_budget %s) "
                  "keeps %d bytes of a %d-byte share", chosen, budget, kept, self.target_bytes)
+
+
+def saved_input_bytes(forward: fx.GraphModule, backward: fx.GraphModule,
+                      inputs: frozenset[str]) -> int:
+    """Bytes of the forward's placeholders named in ``inputs`` that the partition saves
+    for the backward, as themselves or through a view (each storage once): the activation
+    inputs a step's saved bytes count, which the memory estimate leaves to the caller."""
+    if not inputs:
+        return 0
+    by_name = {n.name: n for n in forward.graph.nodes}
+    kept: dict[str, int] = {}
+    for placeholder in backward.graph.find_nodes(op="placeholder"):
+        node = by_name.get(placeholder.name)
+        while node is not None and node.op == "call_function":
+            sources = return_aliases(node)
+            node = sources[0] if len(sources) == 1 and isinstance(sources[0], fx.Node) \
+                else None
+        if node is not None and node.op == "placeholder" and node.name in inputs:
+            kept[node.name] = storage_nbytes(node.meta.get("val"))
+    return sum(kept.values())
 
 
 def _exact_random_partition(joint: fx.GraphModule, partition: Callable[..., Any],

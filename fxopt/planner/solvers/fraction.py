@@ -1,8 +1,11 @@
 """A fraction budget: keep for backward at most ``f`` x the bytes plain autograd keeps.
 
 ``memory_budget=f`` (or ``"50%"``) bounds what ``fxopt.analysis.measure_saved_bytes``
-measures (saved-tensor hooks; parameters, buffers and inputs excluded): the bytes one
-step keeps for backward. It is what Inductor's ``activation_memory_budget`` bounds, so the
+measures (saved-tensor hooks; parameters, buffers and the model's inputs excluded): the
+bytes one step keeps for backward. A graph's input that another graph made across a graph
+break (the logits a loss graph reads) is an activation: kept, it counts
+(:func:`fxopt.planner.joint.saved_bytes_problem`'s ``activation_inputs``), and a
+recompute that reads it keeps it. It is what Inductor's ``activation_memory_budget`` bounds, so the
 two compare. The budget is the model's: graphs share it as they compile
 (:mod:`fxopt.planner.ledger`), and :func:`solve_fraction` answers one graph's share.
 

@@ -51,16 +51,15 @@ def test_budget_met_by_inductor_min_cut_with_replayed_dropout(graph_break):
     torch.manual_seed(0)
     model, x = DropoutMLP(graph_break), torch.randn(64, 32)
     eager_loss, eager_grads, plain = seeded_step(model, model, x)
-    backend = fxopt.backend(memory_budget=0.2, codegen="inductor", strict=True)
+    # with the break, graph 1 keeps its input (graph 0's (64, 64) output, which its Linear
+    # saves): the two graphs' floors together are 0.22 of the plain bytes, so 0.3
+    budget = 0.3 if graph_break else 0.2
+    backend = fxopt.backend(memory_budget=budget, codegen="inductor", strict=True)
     compiled = torch.compile(model, backend=backend)
     with torch._inductor.config.patch(fallback_random=True):
         seeded_step(model, compiled, x)  # compiles
         loss, grads, saved = seeded_step(model, compiled, x)
-    # The ledger does not count what a graph saves of its inputs (here, after the break,
-    # the (64, 64) activation graph 0 hands to graph 1, which graph 1's Linear saves):
-    # they are placeholders of the joint graph, left out as caller-owned (a known gap).
-    unaccounted = 64 * 64 * 4 if graph_break else 0
-    assert saved <= 0.2 * plain * 1.05 + unaccounted
+    assert saved <= budget * plain * 1.05
     _assert_close([loss, *grads], [eager_loss, *eager_grads])
     records = [r for g in backend.graphs for r in g.pass_records("swap_recompute")]
     assert len(records) == (2 if graph_break else 1)
@@ -74,4 +73,4 @@ def test_budget_met_by_inductor_min_cut_with_replayed_dropout(graph_break):
     ledger = backend.budget_ledger
     assert [s.kept_bytes for s in ledger.shares][:len(partitions)] == \
         [p["saved_bytes_after"] for p in partitions]
-    assert ledger.kept_bytes <= 0.2 * ledger.plain_bytes
+    assert ledger.kept_bytes <= budget * ledger.plain_bytes
