@@ -222,6 +222,7 @@ class _GraphCompiler:
         self.instruments = instruments + _debug_instruments(options)
         self.device = torch.device("cpu")
         self._partitioned_backward: fx.GraphModule | None = None
+        self._model_outputs: int | None = None  # the Dynamo graph's: Inductor keeps their strides
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
@@ -229,6 +230,8 @@ class _GraphCompiler:
         chosen, self.record.codegen_reason = choose_codegen(self.options, self.device)
         self.options = self.record.options = dataclasses.replace(self.options, codegen=chosen)
         self.record.dynamo_nodes = len(gm.graph.nodes)
+        self._model_outputs = len(_compat.tree_leaves(
+            next(iter(gm.graph.find_nodes(op="output"))).args))
         try:
             compiled = self._compile_stages(gm, example_inputs)
         except (PassFailure, config.OptionError):
@@ -388,7 +391,8 @@ class _GraphCompiler:
         return _compat.inductor_compile(
             gm, example_inputs, is_backward=stage is Stage.BACKWARD, is_inference=inference,
             max_autotune=self.options.inductor_max_autotune,
-            layout_optimization=self.options.memory_budget is None)
+            layout_optimization=self.options.memory_budget is None,
+            model_outputs=self._model_outputs)
 
 
 def _plain_joint_memory(example_inputs: Sequence[Any]
