@@ -11,7 +11,7 @@ every intermediate eager does, and some are large: a causal LM's cross-entropy s
 fp32 log-probabilities of all logits, which Inductor's fused kernels never write. Measured
 (benchmarks/default_peak.py, benchmarks/results/default_peak_cpu.md) on transformers GPT-2
 and Llama with their real vocabularies under bf16 autocast and SDPA, the fx path's step
-peaks at about eager's, 1.6-2.4x plain ``torch.compile``'s, and Inductor's at
+peaks at about eager's, 1.9-2.4x plain ``torch.compile``'s, and Inductor's at
 ``torch.compile``'s. fx compiles 4-40x faster (benchmarks/results/codegen_auto_cpu.md),
 which is worth that memory to no one training a model; ``codegen="fx"`` remains the
 choice for debugging and fast compiles.
