@@ -66,8 +66,9 @@ def compiled_step(model, kwargs, options):
 def sites(backend) -> str:
     rewritten, skipped = Counter(), Counter()
     for record in (r for g in backend.graphs for r in g.passes if r.name == "tempo"):
-        rewritten.update(record.stats.get("rewritten", {}))
-        skipped.update(record.stats.get("skipped", {}))
+        if record.verdicts is not None:
+            rewritten.update(record.verdicts.counts())
+            skipped.update(record.verdicts.reasons())
     parts = [f"{k} {v}" for k, v in sorted(rewritten.items())]
     parts += [f"left {v}: {k}" for k, v in sorted(skipped.items())]
     return "; ".join(parts)

@@ -34,17 +34,18 @@ def _fx_where_the_default_takes_inductor_on_the_cpu(request, monkeypatch):
     if request.node.get_closest_marker("default_codegen"):
         return
     import fxopt.compiler
+    from fxopt.codegen import INDUCTOR, Codegen
 
-    choose = fxopt.compiler.choose_codegen
+    resolve = fxopt.compiler.resolve_codegen
 
     def fx_on_the_cpu(options, device):
-        chosen, reason = choose(options, device)
-        if (options.codegen == "auto" and device.type == "cpu" and chosen == "inductor"
+        chosen = resolve(options, device)
+        if (chosen == INDUCTOR and options.codegen == "auto" and device.type == "cpu"
                 and options.memory_budget is None and not options.inductor_max_autotune):
-            return "fx", "auto, pinned to fx on the CPU by tests/conftest.py"
-        return chosen, reason
+            return Codegen("fx", "auto, pinned to fx on the CPU by tests/conftest.py")
+        return chosen
 
-    monkeypatch.setattr(fxopt.compiler, "choose_codegen", fx_on_the_cpu)
+    monkeypatch.setattr(fxopt.compiler, "resolve_codegen", fx_on_the_cpu)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -55,7 +55,7 @@ def _run(model, x, options):
 
 def _check(model, x, options):
     """Compile without and with tempo; check the loss and the gradients against eager's;
-    return (tempo's stats, bytes cut, the tempo backend)."""
+    return (tempo's record, bytes cut, the tempo backend)."""
     loss, grads, _ = seeded_step(model, model, x)
     _, _, plain, _ = _run(model, x, options)
     lean_loss, lean_grads, lean, backend = _run(model, x, {**options, "tempo": True})
@@ -64,7 +64,7 @@ def _check(model, x, options):
     for got, want in zip(lean_grads, grads):
         assert (got - want).abs().max() <= BF16_BOUND * want.abs().max()
     (record,) = [r for g in backend.graphs for r in g.passes if r.name == "tempo"]
-    return record.stats, plain - lean, backend
+    return record, plain - lean, backend
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["cast_only", "fp32_and_cast"])
@@ -72,12 +72,13 @@ def test_layer_norm_under_autocast_keeps_its_cast_under_fx(residual):
     torch.manual_seed(0)
     model = BF16Autocast(NormBlock(residual))
     x = torch.randn(4, 16, DIM)
-    stats, cut, _ = _check(model, x, {"codegen": "fx", "strict": True})
-    assert stats["rewritten"] == {"layer_norm": 1}
+    record, cut, _ = _check(model, x, {"codegen": "fx", "strict": True})
+    assert record.verdicts.counts() == {"layer_norm": 1}
     rows = 4 * 16
     # eager keeps the fp32 input, mean and rstd; tempo rstd and 2 guarded columns' x_hat
-    assert stats["bytes_removed"]["layer_norm"] == 4 * rows * DIM + 4 * rows - 4 * rows * 2 - 16
-    assert cut == stats["bytes_removed"]["layer_norm"]
+    predicted = record.verdicts.matched["layer_norm"].bytes
+    assert predicted == 4 * rows * DIM + 4 * rows - 4 * rows * 2 - 16
+    assert cut == predicted
 
 
 def test_layer_norm_under_autocast_keeps_its_cast_under_inductor():
@@ -85,10 +86,10 @@ def test_layer_norm_under_autocast_keeps_its_cast_under_inductor():
     torch.manual_seed(0)
     model = BF16Autocast(NormBlock(residual=True))
     x = torch.randn(4, 16, DIM)
-    stats, cut, backend = _check(model, x, {"codegen": "inductor", "strict": True})
-    assert stats["rewritten"] == {"layer_norm": 1} and stats["form"] == "fusible"
+    record, cut, backend = _check(model, x, {"codegen": "inductor", "strict": True})
+    assert record.verdicts.counts() == {"layer_norm": 1} and record.stats["form"] == "fusible"
     assert [g.every_fallback() for g in backend.graphs] == [[]]
-    predicted = stats["bytes_removed"]["layer_norm"]
+    predicted = record.verdicts.matched["layer_norm"].bytes
     # Inductor's partition without tempo recomputes the norm's mean instead of keeping it
     # (4 bytes a row) and may keep rstd in another form: the cut is the input, within that
     assert predicted - 2 * 4 * 4 * 16 <= cut <= predicted
