@@ -197,19 +197,49 @@ def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
 
 def inductor_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                      is_backward: bool, is_inference: bool, max_autotune: bool,
-                     layout_optimization: bool = True) -> Callable[..., Any]:
+                     layout_optimization: bool = True, model_outputs: int | None = None
+                     ) -> Callable[..., Any]:
     """Inductor's code generation for one final forward or backward graph (boxed).
     ``layout_optimization=False`` keeps convolutions in their tensors' own layout (see
-    ``Backend._inductor``)."""
+    ``Backend._inductor``). ``model_outputs``: how many outputs the Dynamo graph has (a
+    forward's first ones after its mutated inputs are the user's), see
+    :func:`_mark_user_visible_outputs`."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
+    _mark_user_visible_outputs(gm, is_backward, is_inference, model_outputs)
     patch = {"max_autotune": max_autotune}
     if not layout_optimization:
         patch["layout_optimization"] = False
     with inductor_config.patch(patch):
         return compile_fx_inner(gm, list(example_inputs), is_backward=is_backward,
                                 is_inference=is_inference)
+
+
+def _mark_user_visible_outputs(gm: fx.GraphModule, is_backward: bool, is_inference: bool,
+                               model_outputs: int | None) -> None:
+    """Tell Inductor which of the graph's outputs the user sees, as torch.compile's own
+    forward and backward compilers do: those keep eager's strides, and the others (the
+    activations saved for backward) may take any layout. Without the mark Inductor treats
+    every output as internal, so with padding on (its default on CUDA) a user's output,
+    GPT-2's 50257-wide logits say, comes back in a padded layout, and a gradient in
+    another layout than its parameter's, which autograd copies."""
+    from torch._inductor import config as inductor_config
+
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    leaves = tree_leaves(output.args)
+    if is_backward:
+        visible = (range(len(leaves)) if getattr(inductor_config, "bw_outputs_user_visible",
+                                                 True) else range(0))
+    elif model_outputs is None or not getattr(inductor_config, "keep_output_stride", True):
+        visible = range(0)
+    else:
+        context = torch._guards.TracingContext.try_get()
+        start = (context.fw_metadata.num_mutated_inp_runtime_indices
+                 if context is not None and context.fw_metadata and not is_inference else 0)
+        visible = range(start, min(start + model_outputs, len(leaves)))
+    output.meta["user_visible_output_idxs"] = [i for i in visible
+                                               if isinstance(leaves[i], fx.Node)]
 
 
 class _BoxedCodeGen(CodeGen):

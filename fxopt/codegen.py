@@ -4,13 +4,17 @@ fx code generation runs the final graphs as fx Python calling aten ops (and fxop
 kernels): one kernel per op, readable, and the only path where fuse_elementwise's kernels
 run. Inductor fuses pointwise ops into generated C++/Triton kernels. On CUDA that fusion
 saves a launch and a memory round trip per pointwise op (the fx path keeps eager's execution
-model), so "auto" takes Inductor there. On the CPU it was measured
-(benchmarks/codegen_auto.py, benchmarks/results/codegen_auto_cpu.md): Inductor compiles
-transformers 4-40x slower than fx code generation (GPT-2/BERT/Llama, 2-4 layers), for a step
-1.0-1.3x faster at issue 17's size (4 layers, hidden 256, batch 4 x 64) and 1.6-1.8x faster
-at the benchmark suite's tiny CPU sizes. Without a budget "auto" takes fx there, for the
-compile time that short CPU runs (tests, debugging, smoke benchmarks) are dominated by; a
-long CPU training run is faster with ``codegen="inductor"``.
+model), so "auto" takes Inductor there.
+
+Without a budget "auto" takes Inductor on the CPU too. fx code generation materializes
+every intermediate eager does, and some are large: a causal LM's cross-entropy stores the
+fp32 log-probabilities of all logits, which Inductor's fused kernels never write. Measured
+(benchmarks/default_peak.py, benchmarks/results/default_peak_cpu.md) on transformers GPT-2
+and Llama with their real vocabularies under bf16 autocast and SDPA, the fx path's step
+peaks at about eager's, 1.9-2.4x plain ``torch.compile``'s, and Inductor's at
+``torch.compile``'s. fx compiles 4-40x faster (benchmarks/results/codegen_auto_cpu.md),
+which is worth that memory to no one training a model; ``codegen="fx"`` remains the
+choice for debugging and fast compiles.
 
 Under a fraction ``memory_budget`` "auto" takes Inductor on the CPU too: Inductor's
 budgeted min-cut (:mod:`fxopt.passes.swap_recompute.inductor_budget`) recomputes what it
@@ -53,9 +57,10 @@ from fxopt import _compat
 from fxopt.config import Options
 
 __all__ = ["Codegen", "FX", "INDUCTOR", "as_codegen", "graph_device", "resolve_codegen",
-           "FRACTION_EVIDENCE", "TEMPO_EVIDENCE"]
+           "FRACTION_EVIDENCE", "PEAK_EVIDENCE", "TEMPO_EVIDENCE"]
 
 FRACTION_EVIDENCE = "benchmarks/results/budget_frontier_cpu.md"
+PEAK_EVIDENCE = "benchmarks/results/default_peak_cpu.md"
 TEMPO_EVIDENCE = "benchmarks/results/budget_frontier_tempo_cpu.md"
 
 
@@ -199,9 +204,10 @@ def _choose(options: Options, device: torch.device) -> tuple[str, str]:
                                 f"{device.type.upper()}, mostly in less step time "
                                 f"({FRACTION_EVIDENCE})")
         return "fx", f"auto: {kept}"
-    return "fx", (f"auto: on {device.type.upper()} fx compiles 4-40x faster than Inductor, "
-                  "whose step is 1.0-1.8x faster (benchmarks/results/codegen_auto_cpu.md); "
-                  "set codegen='inductor' for a long run")
+    return "inductor", (f"auto: on {device.type.upper()} fx code generation keeps eager's "
+                        "intermediates (a cross-entropy's fp32 log-probabilities) and peaks "
+                        "at eager's memory, Inductor at torch.compile's "
+                        f"({PEAK_EVIDENCE}); set codegen='fx' for a fast compile")
 
 
 def _fx_kept_under_budget(options: Options, device: torch.device) -> str | None:

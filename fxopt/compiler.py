@@ -247,12 +247,16 @@ class _GraphCompiler:
         self.codegen = FX  # resolved for the graph's device in compile()
         self._partitioned_backward: fx.GraphModule | None = None
         self._activation_inputs: tuple[tuple[int, ...], int] = ((), 0)
+        # the Dynamo graph's outputs: Inductor keeps their strides
+        self._model_outputs: int | None = None
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
         self.device = graph_device(example_inputs)
         self.codegen = self.record.codegen = resolve_codegen(self.options, self.device)
         self.record.dynamo_nodes = len(gm.graph.nodes)
+        self._model_outputs = len(_compat.tree_leaves(
+            next(iter(gm.graph.find_nodes(op="output"))).args))
         try:
             compiled = self._compile_stages(gm, example_inputs)
         except (PassFailure, config.OptionError):
@@ -407,7 +411,8 @@ class _GraphCompiler:
         return _compat.inductor_compile(
             gm, example_inputs, is_backward=stage is Stage.BACKWARD, is_inference=inference,
             max_autotune=self.options.inductor_max_autotune,
-            layout_optimization=self.options.memory_budget is None)
+            layout_optimization=self.options.memory_budget is None,
+            model_outputs=self._model_outputs)
 
 
 def _plain_joint_memory(example_inputs: Sequence[Any], ctx: PassContext

@@ -1,6 +1,6 @@
-"""codegen="auto", the default: fx code generation on the CPU, Inductor on CUDA (measured in
-benchmarks/results/codegen_auto_cpu.md), fx when fuse_elementwise is asked for, Inductor
-under a fraction memory_budget on the CPU too (benchmarks/results/budget_frontier_cpu.md)
+"""codegen="auto", the default: Inductor on the CPU and on CUDA (fx code generation peaks at
+eager's memory: benchmarks/results/default_peak_cpu.md), fx when fuse_elementwise is asked
+for; under a fraction memory_budget Inductor (benchmarks/results/budget_frontier_cpu.md)
 except where the fx path is kept (tempo, a saved plan, force_swap, a byte budget); explain
 says which generator compiled each graph and why; "fx" and "inductor" force one.
 tests/test_codegen_auto_budget.py runs the fraction's choice end to end."""
@@ -17,8 +17,10 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
 
 @pytest.mark.parametrize("options, device, expected", [
-    ({}, CPU, "fx"),
+    ({}, CPU, "inductor"),
     ({}, CUDA, "inductor"),
+    ({"tempo": True}, CPU, "inductor"),
+    ({"fuse_elementwise": True}, CPU, "fx"),
     ({"fuse_elementwise": True}, CUDA, "fx"),
     ({"inductor_max_autotune": True}, CPU, "inductor"),  # asking for tuning asks for Inductor
     ({"codegen": "inductor"}, CPU, "inductor"),
@@ -35,15 +37,17 @@ def test_auto_picks_by_device_and_an_explicit_choice_wins(options, device, expec
     assert chosen.reason.startswith("auto: ") == ("codegen" not in options)
 
 
+@pytest.mark.default_codegen
 def test_default_is_auto_and_explain_says_what_it_chose_and_why():
     model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
     report = fxopt.explain(model, torch.randn(4, 6))
     assert report.options.codegen == "auto"
     graph = report.graphs[0]
     assert graph.options.codegen == "auto"  # the user's options, as given
-    assert graph.codegen.name == "fx" and "backward" in graph.graphs
-    assert graph.codegen.reason.startswith("auto: on CPU")
-    assert "code generation: fx (auto: on CPU" in str(report)
+    assert graph.codegen.name == "inductor" and "backward" in graph.graphs
+    assert graph.codegen.reason.startswith("auto: on CPU") and "default_peak_cpu.md" in \
+        graph.codegen.reason
+    assert "code generation: inductor (auto: on CPU" in str(report)
     assert report.fallbacks == [] and "fallbacks: none" in str(report)
 
 

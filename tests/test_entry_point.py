@@ -11,7 +11,8 @@ def test_string_backend_is_discovered_without_importing_fxopt():
         import torch
         assert "fxopt" not in sys.modules
         model = torch.nn.Linear(5, 3)
-        compiled = torch.compile(model, backend="fxopt", options={"strict": True})
+        compiled = torch.compile(model, backend="fxopt", options={"strict": True,
+                                                                "codegen": "fx"})
         x = torch.randn(4, 5)
         out = compiled(x)
         out.sum().backward()

@@ -39,6 +39,7 @@ def _free_port() -> int:
 def _run(how: str, out: Path) -> dict:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+           "FXOPT_CODEGEN": "fx",  # quick compiles (tests/conftest.py pins in-process ones)
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     ranks = [subprocess.Popen([sys.executable, str(WORKER), how, str(out)], cwd=ROOT,
                               env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,

@@ -24,6 +24,7 @@ print("profiled")
 def test_a_compiled_model_with_a_graph_break_does_not_recompile_the_hooks():
     tests = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TORCH_LOGS": "recompiles",
+           "FXOPT_CODEGEN": "fx",  # a quick compile (tests/conftest.py pins in-process ones)
            "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                             env=env, timeout=300, check=False)

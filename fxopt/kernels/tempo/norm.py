@@ -22,6 +22,12 @@ report it. The decision is made on the device from gamma and beta, so a norm nev
 for the host (no host sync per norm per step). In bf16 the error grows with
 |beta| / |gamma| below that bound: Tempo's trade, exact only in the guarded columns.
 The computation is in fp32; y has the dtype the replaced code's output had.
+
+Under autocast (``fxopt::tempo_layer_norm_cast``) y is fp32 but its users that keep it
+keep their bf16 cast: the op returns both, saves the cast and rebuilds x_hat from it, so
+x_hat carries bf16's rounding (2**-8 relative, amplified by |beta / gamma| <= 2 outside
+the guard, bf16's MAX_AMPLIFICATION; the bound is written out in
+tests/passes/tempo/test_tempo_autocast.py).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["MAX_AMPLIFICATION", "guard_capacity", "tempo_layer_norm", "tempo_rms_norm"]
+__all__ = ["MAX_AMPLIFICATION", "guard_capacity", "sum_grads", "tempo_layer_norm",
+           "tempo_layer_norm_cast", "tempo_rms_norm"]
 
 # Largest |beta| / |gamma| (the factor that multiplies y's rounding error in x_hat) that is
 # not guarded, per dtype of y.
@@ -126,19 +133,41 @@ def _grad_like(grad: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor | Non
 
 # --- LayerNorm --------------------------------------------------------------------------
 
+def _layer_norm_rows(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float, kept_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y as fp32 rows, rstd [rows], guarded x_hat, guarded columns), the guard chosen for
+    x_hat rebuilt from y rounded to ``kept_dtype``."""
+    rows = _rows(x, n)
+    w, b = _vector(weight, n, 1.0, x), _vector(bias, n, 0.0, x)
+    # ATen's fused kernel (eager's own): y, mean and rstd in one pass over the rows
+    y, mean, rstd = torch.native_layer_norm(rows, (n,), w, b, eps)
+    guard = (_guard_columns(w, b, kept_dtype) if weight is not None
+             else torch.arange(guard_capacity(n), device=x.device))
+    guard_xhat = (rows.index_select(1, guard) - mean) * rstd
+    return y, rstd.view(-1), guard_xhat, guard
+
+
 def layer_norm_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None,
                        bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm over the last dims (``n`` elements per row), in fp32, y in ``out_dtype``.
     Returns (y, rstd [rows], guarded x_hat [rows, capacity], guarded columns)."""
-    rows = _rows(x, n)
-    w, b = _vector(weight, n, 1.0, x), _vector(bias, n, 0.0, x)
-    # ATen's fused kernel (eager's own): y, mean and rstd in one pass over the rows
-    y, mean, rstd = torch.native_layer_norm(rows, (n,), w, b, eps)
-    guard = (_guard_columns(w, b, out_dtype) if weight is not None
-             else torch.arange(guard_capacity(n), device=x.device))
-    guard_xhat = (rows.index_select(1, guard) - mean) * rstd
-    return y.to(out_dtype).view(x.shape), rstd.view(-1), guard_xhat, guard
+    y, rstd, guard_xhat, guard = _layer_norm_rows(x, n, weight, bias, eps, out_dtype)
+    return y.to(out_dtype).view(x.shape), rstd, guard_xhat, guard
+
+
+def layer_norm_cast_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                            bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
+                            kept_dtype: torch.dtype
+                            ) -> tuple[torch.Tensor, ...]:
+    """LayerNorm under autocast, whose output feeds both ops that keep its low-precision
+    cast (autocast's Linears) and ops that take it as is (a residual add): (y in
+    ``out_dtype``, y in ``kept_dtype``, rstd, guarded x_hat, guarded columns). The cast is
+    what the backward rebuilds x_hat from, so the guard is chosen for its dtype."""
+    y, rstd, guard_xhat, guard = _layer_norm_rows(x, n, weight, bias, eps, kept_dtype)
+    return (y.to(out_dtype).view(x.shape), y.to(kept_dtype).view(x.shape), rstd,
+            guard_xhat, guard)
 
 
 @torch.library.custom_op("fxopt::tempo_layer_norm", mutates_args=())
@@ -208,6 +237,48 @@ def _layer_norm_backward(ctx, dy, *_unused):
 
 
 tempo_layer_norm.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+
+
+@torch.library.custom_op("fxopt::tempo_layer_norm_cast", mutates_args=())
+def tempo_layer_norm_cast(x: torch.Tensor, n: int, weight: torch.Tensor | None,
+                          bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
+                          kept_dtype: torch.dtype
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     torch.Tensor]:
+    """:func:`layer_norm_cast_forward` as an op opaque to tracing."""
+    return layer_norm_cast_forward(x, n, weight, bias, eps, out_dtype, kept_dtype)
+
+
+@tempo_layer_norm_cast.register_fake
+def _(x, n, weight, bias, eps, out_dtype, kept_dtype):
+    y, *rest = _fake_outputs(x, n, out_dtype)
+    return (y, torch.empty(x.shape, dtype=kept_dtype, device=x.device), *rest)
+
+
+def sum_grads(dy: torch.Tensor | None, dy_kept: torch.Tensor | None) -> torch.Tensor:
+    """The gradient of y from its two outputs (either may be None), in fp32: what eager's
+    autograd adds up for y's uses (the cast's backward converts its share to fp32 first)."""
+    grads = [g.float() for g in (dy, dy_kept) if g is not None]
+    return grads[0] if len(grads) == 1 else grads[0] + grads[1]
+
+
+def _layer_norm_cast_setup(ctx, inputs, output) -> None:
+    x, n, weight, bias, _, _, _ = inputs
+    ctx.x_meta = (x.shape, x.dtype)
+    ctx.save_for_backward(output[1], output[2], output[3], output[4], weight, bias)
+
+
+def _layer_norm_cast_backward(ctx, dy, dy_kept, *_unused):
+    y_kept, rstd, guard_xhat, guard_index, weight, bias = ctx.saved_tensors
+    dx, dweight, dbias = tempo_layer_norm_backward(sum_grads(dy, dy_kept), y_kept, rstd,
+                                                   guard_xhat, guard_index, weight, bias)
+    shape, dtype = ctx.x_meta
+    return (dx.view(shape).to(dtype), None, _grad_like(dweight, weight),
+            _grad_like(dbias, bias), None, None, None)
+
+
+tempo_layer_norm_cast.register_autograd(_layer_norm_cast_backward,
+                                        setup_context=_layer_norm_cast_setup)
 
 
 # --- RMSNorm ----------------------------------------------------------------------------

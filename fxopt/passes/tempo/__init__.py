@@ -7,6 +7,12 @@ and rstd instead of its input; the attention core keeps the softmax output and a
 dropout mask instead of the dropout output. GELU and norm outputs are kept only when the
 next op keeps them anyway (a Linear or matmul in the same dtype), so a site whose output no
 neighbour keeps is left alone: rewriting it would save its output in place of its input.
+Under autocast a LayerNorm's fp32 output is kept by the next Linear only as that Linear's
+own bf16 (fp16) cast: there tempo's op makes the cast itself, hands it to those Linears
+(which then compute the very values they would) and keeps it with rstd, in place of the
+norm's fp32 input (``fxopt::tempo_layer_norm`` with a bf16 output when the Linears are the
+only users, ``fxopt::tempo_layer_norm_cast`` with both outputs when others, a residual add,
+take the fp32 value).
 
 Under ``codegen="inductor"`` the same sites get the ops' aten-only forms
 (``fxopt.kernels.tempo.fusible``: autograd Functions AOTAutograd traces through) instead,
@@ -99,11 +105,21 @@ def _rewrite(graph: fx.Graph, site: Site, target: Any) -> None:
     with graph.inserting_before(site.insert_before):
         op = graph.call_function(target, site.args)
         value = graph.call_function(operator.getitem, (op, 0))
+        cast = (graph.call_function(operator.getitem, (op, 1))
+                if site.cast is not None and site.cast[2] == 1 else value)
     names = [n.name for n in site.replaced]
     op.meta["fxopt"] = {"pass": "tempo", "kind": site.kind, "replaces": names}
-    value.meta["fxopt"] = {"pass": "tempo", "replaces": [site.result.name]}
-    if "example_value" in site.result.meta:
-        value.meta["example_value"] = site.result.meta["example_value"]
+    example = site.result.meta.get("example_value")
+    for node in {value, cast}:
+        node.meta["fxopt"] = {"pass": "tempo", "replaces": [site.result.name]}
+        if example is not None:
+            node.meta["example_value"] = example
     site.result.replace_all_uses_with(value)
+    if site.cast is not None:  # the users that compute in the low dtype take the cast
+        dtype, users, _ = site.cast
+        if example is not None:
+            cast.meta["example_value"] = example.to(dtype)
+        for user in users:
+            user.replace_input_with(value, cast)
     for node in reversed(site.replaced):
         graph.erase_node(node)

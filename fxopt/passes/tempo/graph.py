@@ -7,11 +7,12 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from fxopt.passes.torch_calls import example_tensor, is_call
 
-__all__ = ["constant_operand", "kept_by_neighbour", "only_user"]
+__all__ = ["cast_by_savers", "constant_operand", "kept_by_neighbour", "only_user"]
 
 # Ops that keep an input for backward when the other operand needs a gradient: a Linear
 # keeps its input for dW, a matmul each operand for the other's gradient.
@@ -66,6 +67,41 @@ def kept_by_neighbour(node: fx.Node) -> bool:
                 if kept and (value is None or out is None or out.dtype == value.dtype):
                     return True
     return False
+
+
+def cast_by_savers(node: fx.Node) -> tuple[torch.dtype, list[fx.Node]] | None:
+    """Under autocast: (the low-precision dtype, the users of ``node``) where those users,
+    directly or through views, are all Linears or matmuls that compute in that dtype from
+    ``node``'s fp32 value, and so each keep their own cast of it for backward. Given the
+    cast itself they compute the same values and keep that one tensor. None where no user
+    is such (or they compute in different dtypes); the other users take the value as is."""
+    value = example_tensor(node)
+    if value is None or value.dtype != torch.float32:
+        return None
+    found: dict[fx.Node, torch.dtype | None] = {user: _saver_dtype(user, node)
+                                                for user in node.users}
+    cast = [u for u, dtype in found.items() if dtype is not None]
+    dtypes = {found[u] for u in cast}
+    if not cast or len(dtypes) != 1:
+        return None
+    return dtypes.pop(), cast
+
+
+def _saver_dtype(user: fx.Node, value: fx.Node) -> torch.dtype | None:
+    """The low-precision dtype ``user`` computes in from ``value`` (itself a saver of it, or
+    a view of it whose users all are, in one dtype), else None."""
+    if is_call(user, *_VIEWS) or _is_basic_indexing(user):
+        if not user.args or user.args[0] is not value or not user.users:
+            return None
+        dtypes = {_saver_dtype(u, user) for u in user.users}
+        return dtypes.pop() if len(dtypes) == 1 else None
+    for names, positions in _SAVERS:
+        if is_call(user, *names) and any(i < len(user.args) and user.args[i] is value
+                                         for i in positions):
+            out = example_tensor(user)
+            if out is not None and out.dtype in (torch.bfloat16, torch.float16):
+                return out.dtype
+    return None
 
 
 def _is_basic_indexing(node: fx.Node) -> bool:

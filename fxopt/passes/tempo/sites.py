@@ -19,7 +19,12 @@ import torch.fx as fx
 from fxopt.analysis.shapes import nbytes, numel
 from fxopt.kernels.tempo.bitmask import packed_size
 from fxopt.kernels.tempo.norm import guard_capacity
-from fxopt.passes.tempo.graph import constant_operand, only_user
+from fxopt.passes.tempo.graph import (
+    cast_by_savers,
+    constant_operand,
+    kept_by_neighbour,
+    only_user,
+)
 from fxopt.passes.torch_calls import arg, example_tensor, is_call
 
 __all__ = ["Site", "MATCHERS"]
@@ -37,6 +42,9 @@ class Site:
     args: tuple[Any, ...]
     bytes_removed: int        # predicted saved-activation bytes per step
     needs_neighbour: bool     # saves its output: worth it only if a neighbour keeps it
+    # under autocast: (low dtype, the users given the op's output ``index``, its value in
+    # that dtype, ``index``); the other users get output 0 (see match_layer_norm)
+    cast: tuple[torch.dtype, list[fx.Node], int] | None = None
 
 
 def _close(value: float | None, expected: float) -> bool:
@@ -127,8 +135,21 @@ def match_layer_norm(node: fx.Node) -> Site | str | None:
         return "layer_norm with symbolic shape or eps"
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
-    return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm.default,
-                (x, n, weight, bias, eps, out.dtype), _norm_bytes(x, n, 4), True)
+    removed = _norm_bytes(x, n, 4)
+    cast = None if kept_by_neighbour(node) else cast_by_savers(node)
+    if cast is None:
+        return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm.default,
+                    (x, n, weight, bias, eps, out.dtype), removed, True)
+    # Under autocast the fp32 output's users that keep it keep their own low-precision cast:
+    # tempo makes that cast and keeps it (with rstd) in place of the input. With no other
+    # user, the op's only output is the cast; otherwise it returns both.
+    dtype, users = cast
+    if set(users) == set(node.users):
+        return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm.default,
+                    (x, n, weight, bias, eps, dtype), removed, False, (dtype, users, 0))
+    return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm_cast.default,
+                (x, n, weight, bias, eps, out.dtype, dtype), removed, False,
+                (dtype, users, 1))
 
 
 def match_rms_norm(node: fx.Node) -> Site | str | None:
