@@ -22,6 +22,8 @@ import torch
 from torch import fx, nn
 
 from fxopt import _compat
+from fxopt.passes.base import REMOVED_SAVED_BYTES
+from fxopt.passes.fuse_linear_cross_entropy import fuse_linear_cross_entropies
 from fxopt.passes.swap_recompute.noop_dropout import drop_noop_dropouts
 from fxopt.passes.swap_recompute.recompute_rnn import recompute_whole_rnns
 
@@ -55,7 +57,9 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
         # what compilation under a budget does before autograd (swap_recompute's flag)
         dropped, (recomputed, _, removed[0]) = drop_noop_dropouts(gm), recompute_whole_rnns(gm)
-        if dropped or recomputed:
+        fused = fuse_linear_cross_entropies(gm)
+        removed[0] += fused[REMOVED_SAVED_BYTES]
+        if dropped or recomputed or fused["matched"]:
             gm.recompile()
         return aot(gm, example_inputs)
 

@@ -26,10 +26,11 @@ would count it as kept for backward. Recomputing costs one more (tokens x hidden
 matmul and keeps only ``tokens`` floats beside the inputs the Linear kept anyway.
 
 **Block size** (:func:`block_columns`): one block's fp32 logits at most 1/64 of the whole
-(so the op's temporaries, a block and its exponentials, stay under 1/32 of the logits
-plain autograd keeps) and at most :data:`BLOCK_BYTES_CAP`, but at least
-:data:`MIN_BLOCK_COLUMNS` columns (matmuls narrower than that run far below peak); the
-``block_bytes`` argument overrides the byte bound.
+(the op's temporaries are a block or two: its fp32 logits, overwritten with their
+exponentials or gradients, and, from a lower-precision compute dtype, their upcast) and
+at most :data:`BLOCK_BYTES_CAP`, but at least :data:`MIN_BLOCK_COLUMNS` columns (matmuls
+narrower than that run far below peak); the ``block_bytes`` argument overrides the byte
+bound. The pass uses the default.
 
 On CUDA, the per-block reductions and pointwise math run in Triton
 (:mod:`fxopt.kernels.linear_cross_entropy_triton`); elsewhere their torch references below.
@@ -74,7 +75,8 @@ def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch
                         s: torch.Tensor, sum_z: torch.Tensor, target: torch.Tensor,
                         smooth: bool) -> None:
     """Fold the block ``z`` (columns ``v0:v0 + z.shape[1]``) into the running state, in
-    place: max ``m``, ``s = sum exp(z - m)``, the sum of logits, the target logit."""
+    place: max ``m``, ``s = sum exp(z - m)``, the sum of logits, the target logit. An fp32
+    ``z`` is overwritten (with its exponentials: no second block is allocated)."""
     z = z.float()
     cols = z.shape[1]
     local = labels - v0
@@ -84,7 +86,7 @@ def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch
     if smooth:
         sum_z.add_(z.sum(1))
     m_new = torch.maximum(m, z.amax(1))
-    s.mul_(torch.exp(m - m_new)).add_(torch.exp(z - m_new.unsqueeze(1)).sum(1))
+    s.mul_(torch.exp(m - m_new)).add_(z.sub_(m_new.unsqueeze(1)).exp_().sum(1))
     m.copy_(m_new)
 
 

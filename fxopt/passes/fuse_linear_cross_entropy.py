@@ -81,11 +81,7 @@ def _constant_arguments(ce: fx.Node) -> tuple[fx.Node, int, float, str]:
         raise _Decline("an argument that is not a constant")
     if reduction not in _ops.REDUCTIONS:
         raise _Decline(f"reduction={reduction!r}")
-    labels = arg(ce, 1, "target")
-    value = example_tensor(labels)
-    if value is None or value.dtype != torch.int64 or value.dim() != 1:
-        raise _Decline("targets that are not int64 class indices of one dim")
-    return labels, ignore_index, float(smoothing), reduction
+    return arg(ce, 1, "target"), ignore_index, float(smoothing), reduction
 
 
 def _token_index(node: fx.Node, vocab: Any) -> Any:
@@ -139,6 +135,9 @@ def _match(ce: fx.Node) -> _Site:
     value = example_tensor(logits)
     if value is None or out is None or value.dim() != 2:
         raise _Decline("logits that are not (tokens, vocabulary) at the loss")
+    targets = example_tensor(labels)
+    if targets is None or targets.dtype != torch.int64 or targets.dim() != 1:
+        raise _Decline("targets that are not int64 class indices of one dim")
     vocab = value.shape[-1]
     chain, indices, node, bias = [], [], logits, None
     while True:
@@ -158,7 +157,7 @@ def _match(ce: fx.Node) -> _Site:
             if candidate is None or candidate.dim() != 1 or node.kwargs:
                 raise _Decline("logits reach the loss through an add that is not a bias")
             bias = node.args[1]
-        elif is_call(node, "upcast", "cast"):
+        elif is_call(node, "float_cast", "cast"):
             if current.dtype != torch.float32:
                 raise _Decline(f"the logits are cast to {current.dtype} before the loss")
         elif is_call(node, *_RESHAPES):

@@ -41,7 +41,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
     "pow": ((operator.pow, torch.pow), ("pow",)),
     "rsqrt": ((torch.rsqrt,), ("rsqrt",)),
     "cast": ((), ("to", "type")),
-    "upcast": ((), ("float", "double")),
+    "float_cast": ((), ("float", "double", "half", "bfloat16")),
     # reductions, norms, softmax, dropout
     "mean": ((torch.mean,), ("mean",)),
     "layer_norm": ((F.layer_norm, torch.layer_norm), ()),
