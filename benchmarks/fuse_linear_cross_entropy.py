@@ -11,7 +11,7 @@ Two parts, for transformers' GPT-2 (vocabulary 50257, tied embeddings) and Llama
    parameters and inputs, and also above the gradients, which both keep), under fx and
    under Inductor code generation.
 2. **The whole model**, ``model(ids, labels=ids).loss`` under
-   ``fxopt.compat.ignore_transformers_logging()`` (one Dynamo graph): bytes kept for
+   ``fxopt.ignore_transformers_logging()`` (one Dynamo graph): bytes kept for
    backward, step peak, and the step time (forward + backward) of plain Inductor
    (``torch.compile``), fxopt under Inductor without and with the pass, and fxopt under fx
    with the pass: the configurations interleaved step by step, median of ``--steps`` timed
@@ -35,7 +35,7 @@ from torch import nn
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
-from fxopt.compat import ignore_transformers_logging
+from fxopt.graph_breaks import ignore_transformers_logging
 
 PASS = "fuse_linear_cross_entropy"
 MIB = 2**20
@@ -121,8 +121,8 @@ def whole_model(name: str, steps: int, rows: list[str], time_rows: list[str]) ->
                "fxopt fx + pass": _backend("fx", True)}
     compiled = {}
     with ignore_transformers_logging():
+        torch._dynamo.reset()  # once: a reset would drop the configurations compiled before
         for label, backend in configs.items():
-            torch._dynamo.reset()
             module = LossOnly(build(name))
             compiled[label] = (module, torch.compile(module, backend=backend))
             start = time.perf_counter()

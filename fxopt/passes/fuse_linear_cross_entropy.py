@@ -31,6 +31,7 @@ log-probabilities, a lower bound of what eager keeps). Default: on under ``memor
 from __future__ import annotations
 
 import builtins
+import math
 import operator
 from collections import Counter
 from typing import Any, NamedTuple
@@ -38,6 +39,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.fx as fx
 
+from fxopt import _compat
 from fxopt.kernels import linear_cross_entropy as _ops  # noqa: F401  (registers the ops)
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult
 from fxopt.passes.torch_calls import arg, example_tensor, is_call
@@ -182,7 +184,7 @@ def _match(ce: fx.Node) -> _Site:
         raise _Decline("a weight or bias whose shape is not the vocabulary's")
     if torch.float64 in (product.dtype, out.dtype):
         raise _Decline("fp64 (the op's reductions run in fp32)")
-    removed = value.numel() * value.element_size() if isinstance(value.numel(), int) else 0
+    removed = math.prod(_compat.size_hint(d, 1) for d in value.shape) * value.element_size()
     return _Site(ce, node, chain, h, weight, transpose, bias, indices,
                  (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
                  removed)

@@ -244,7 +244,7 @@ class _LossOnly(nn.Module):
 def test_transformers_causal_lm_loss(build):
     """GPT-2 (tied embeddings) behind ignore_transformers_logging, whose graph would
     otherwise break between the head and the loss; Llama with tied embeddings."""
-    from fxopt.compat import ignore_transformers_logging
+    from fxopt.graph_breaks import ignore_transformers_logging
 
     torch.manual_seed(0)
     model = _LossOnly(build())

@@ -33,7 +33,7 @@ def ignore_transformers_logging() -> Any:
     logging calls instead of breaking the graph at them. Dynamo reads it when it traces, so
     wrap the compiled model's first call (and any call that recompiles)::
 
-        with fxopt.compat.ignore_transformers_logging():
+        with fxopt.ignore_transformers_logging():
             loss = compiled(input_ids, labels=labels).loss
 
     Import transformers first: its wrappers exist only once it is imported."""
