@@ -1,35 +1,42 @@
 """``fxopt doctor``: one self-test a user runs on their machine and pastes into a bug report.
 
 Each check returns a :class:`Check` (ok, failed or skipped, a one-line detail, and numbers
-for the JSON report). On a CUDA device every check runs:
+for the JSON report). Every check has a criterion it can fail; each function's docstring
+states it. On a CUDA device every check runs:
 
 - ``kernels``: every Triton kernel family (tempo GELU and norms, the LSTM/GRU cells,
-  generated pointwise kernels) through its pass, at odd shapes, against eager, with
-  gradients; each pass must fire;
+  generated pointwise kernels) through its pass, at odd shapes, against eager without TF32,
+  with gradients; each pass must fire;
 - ``host_sync``: a training step with every pass on makes no call that waits for the
   device (`fxopt.analysis.host_sync`);
-- ``swap_overlap``: a swap-only run's timeline (torch.profiler): how much of the copy time
-  overlapped compute;
-- ``memory``: ``torch.cuda.max_memory_allocated`` of a step at three budgets against the
-  planner's prediction;
+- ``swap_overlap``: a swap-only run's timeline (torch.profiler): the share of the copy time
+  that overlapped compute must reach ``OVERLAP_FLOOR``;
+- ``memory``: ``torch.cuda.max_memory_allocated`` of a step at three budgets: it must not
+  rise as the budget falls, and the planner's prediction must be within
+  ``PREDICTION_TOLERANCE`` of it;
 - ``offload_optimizer``: the offloaded optimizer against the plain one for a few steps;
-- ``speed``: a small model's step time under eager, Inductor and fxopt.
+- ``speed``: a small model's step time under eager, Inductor and fxopt's defaults, measured
+  interleaved; fxopt's median may exceed Inductor's by at most ``SPEED_MARGIN``.
 
 Without a GPU the CPU subset runs (kernels on the torch references, or on Triton's
 interpreter under ``TRITON_INTERPRET=1``; the host-sync check; the ahead-of-time compile of
 representative kernels for sm_80/sm_90, `fxopt.kernels.aot`) and the GPU-only checks are
 listed as skipped with the reason. The ``gpu``-marked tests call these same functions.
+Backends are passed as objects (:class:`fxopt.compiler.Backend`), never as the string
+``"fxopt"``, so the checks work whether or not fxopt's entry point is installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import logging
 import math
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,9 +44,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CHECKS", "Check", "format_report", "report_json", "run_doctor"]
+from fxopt.devices import indexed
+
+__all__ = ["CHECKS", "OVERLAP_FLOOR", "PREDICTION_TOLERANCE", "SPEED_MARGIN", "Check",
+           "format_report", "memory_problems", "overlap_problem", "report_json",
+           "run_doctor", "speed_problem"]
 
 log = logging.getLogger(__name__)
+
+# The criteria. OVERLAP_FLOOR: the share of swap-copy time hidden under compute; copies
+# serialised with compute hide none, a working copy stream most (the first H100 run's
+# figure is in ../shared/gpu/h100-2026-11-26.md). PREDICTION_TOLERANCE: |predicted -
+# measured| / measured of a step's peak; what the simulation leaves out (kernels' own
+# workspaces, the allocator's rounding) is small beside this model's peak (the CPU's
+# figures and the H100's, compared: benchmarks/results/doctor_memory_cpu.md).
+# SPEED_MARGIN: fxopt's defaults compile with Inductor on CUDA, so beyond GPU timing noise
+# (medians of interleaved steps) they should cost nothing: at most 1 + this of Inductor's.
+OVERLAP_FLOOR = 0.25
+PREDICTION_TOLERANCE = 0.10
+SPEED_MARGIN = 0.10
 
 
 @dataclass
@@ -53,6 +76,15 @@ class Check:
 
 class _Skip(Exception):
     """A check that cannot run here; the message says why."""
+
+
+class _Failed(AssertionError):
+    """A check's criterion not met: the message says which, ``data`` keeps what it measured
+    for the report."""
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.data = data
 
 
 def _cuda_only(device: torch.device) -> None:
@@ -96,7 +128,10 @@ def _deep_mlp(width: int) -> nn.Module:
 # ---------------------------------------------------------------- the checks
 
 def check_kernels(device: torch.device) -> dict[str, Any]:
-    """Each kernel family through its pass at odd shapes against eager, with gradients."""
+    """Each kernel family through its pass at odd shapes against eager, with gradients.
+    Fails, naming the family, when its outputs or gradients are not close to eager's
+    (`fxopt.testing`'s tolerances; TF32 off for both, :func:`_without_tf32`) or its pass
+    did not fire."""
     from fxopt._compat import dynamo_allow_rnn
     from fxopt.kernels import triton_runs_on
     from fxopt.testing import assert_same_as_eager
@@ -127,17 +162,37 @@ def check_kernels(device: torch.device) -> dict[str, Any]:
             model = model.to(device=device, dtype=dtype)
         torch.compiler.reset()
         torch.manual_seed(0)
-        with dynamo_allow_rnn():
-            comparison = assert_same_as_eager(model, inputs(dtype), {name: True, "strict": True},
-                                              tolerances=tolerances)
+        family = f"{label} {str(dtype)[6:]}"
+        try:
+            with dynamo_allow_rnn(), _without_tf32():
+                comparison = assert_same_as_eager(model, inputs(dtype),
+                                                  {name: True, "strict": True},
+                                                  tolerances=tolerances)
+        except AssertionError as error:
+            raise _Failed(f"{family} ({name}) not close to eager without TF32: "
+                          f"{str(error).strip().splitlines()[0]}", results) from error
         if not comparison.fired(name):
-            raise AssertionError(f"{label}: {name} did not fire")
-        results[f"{label} {str(dtype)[6:]}"] = "equal to eager"
+            raise _Failed(f"{family}: {name} did not fire", results)
+        results[family] = "equal to eager"
     return results
 
 
+@contextlib.contextmanager
+def _without_tf32() -> Iterator[None]:
+    """fp32 matrix products in fp32, restored afterwards. Eager's cuDNN RNNs run TF32 by
+    default (``torch.backends.cudnn.allow_tf32``, a 10-bit mantissa): as a reference for an
+    fp32 kernel they are off by TF32's rounding, not by the kernel's."""
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+
+
 def check_host_sync(device: torch.device) -> dict[str, Any]:
-    """A tiny GPT-2's second training step with every pass on: no host synchronisation."""
+    """A tiny GPT-2's second training step with every pass on: fails on any call that waits
+    for the device (recorded while the step runs, or found in the compiled graphs)."""
     from fxopt.analysis.host_sync import HostSyncRecorder, graph_syncs
     from fxopt.bench.workloads import WORKLOADS
     from fxopt.compiler import Backend
@@ -165,7 +220,8 @@ def check_host_sync(device: torch.device) -> dict[str, Any]:
 
 
 def check_aot(device: torch.device) -> dict[str, Any]:
-    """Representative kernels compiled for sm_80 and sm_90 here, with no GPU needed."""
+    """Representative kernels compiled for sm_80 and sm_90 here, with no GPU needed: fails
+    on any compile error, spill or excess of registers (`fxopt.kernels.aot.problems`)."""
     if device.type == "cuda":
         raise _Skip("the kernels check compiled and ran them on this GPU")
     from fxopt.kernels import aot, triton_installed
@@ -194,9 +250,28 @@ def _overlap(copies: list[tuple[float, float]], compute: list[tuple[float, float
                for start, end in copies for m_start, m_end in merged)
 
 
+def overlap_problem(copies: list[tuple[float, float]], compute: list[tuple[float, float]],
+                    floor: float = OVERLAP_FLOOR) -> tuple[dict[str, Any], str | None]:
+    """(what the timeline shows, the problem or None): no copies at all, or less than
+    ``floor`` of the copy time overlapped by compute."""
+    copy_us = sum(end - start for start, end in copies)
+    if not copy_us:
+        return {"copies": 0}, "no copies in the timeline: swap_recompute swapped nothing"
+    share = _overlap(copies, compute) / copy_us
+    data = {"copies": len(copies), "copy ms": round(copy_us / 1e3, 3),
+            "overlapped": f"{share:.0%}"}
+    if share < floor:
+        return data, (f"{share:.0%} of {copy_us / 1e3:.3g} ms of copies overlapped compute, "
+                      f"below the floor of {floor:.0%}: the copies run serialised")
+    return data, None
+
+
 def check_swap_overlap(device: torch.device) -> dict[str, Any]:
-    """One step with swapping forced: how much copy time overlapped compute kernels."""
-    _cuda_only(device)
+    """One step with swapping forced: the copies (on swap_recompute's copy stream) must
+    overlap compute kernels for at least ``OVERLAP_FLOOR`` of their time. Skipped on the
+    CPU, where a swap is a synchronous copy (no copy stream) and nothing can overlap."""
+    if device.type != "cuda":
+        raise _Skip("no copy stream on the CPU: swaps copy synchronously")
     from torch.profiler import ProfilerActivity, profile
 
     from fxopt.compiler import Backend
@@ -207,55 +282,92 @@ def check_swap_overlap(device: torch.device) -> dict[str, Any]:
     backend = Backend({"memory_budget": 0.5, "force_swap": True})
     compiled = torch.compile(model, backend=backend)
     compiled(x).sum().backward()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(indexed(device))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         compiled(x).sum().backward()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(indexed(device))
     copies, compute = [], []
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         span = (event.time_range.start, event.time_range.end)
         (copies if "memcpy" in event.name.lower() else compute).append(span)
-    copy_us = sum(end - start for start, end in copies)
-    if not copy_us:
-        raise AssertionError("no copies in the timeline: swap_recompute swapped nothing")
-    overlapped = _overlap(copies, compute)
-    return {"copies": len(copies), "copy ms": round(copy_us / 1e3, 3),
-            "overlapped": f"{overlapped / copy_us:.0%}"}
+    data, problem = overlap_problem(copies, compute)
+    if problem:
+        raise _Failed(problem, data)
+    return data
+
+
+def memory_problems(rows: list[tuple[float, int, int]],
+                    tolerance: float = PREDICTION_TOLERANCE) -> list[str]:
+    """The problems in (budget, measured bytes, predicted bytes) rows: a measured peak that
+    rises as the budget falls (a lower budget must never cost memory), and a prediction off
+    the measured peak by more than ``tolerance`` of it."""
+    mib = 2**20
+    rows = sorted(rows, key=lambda row: -row[0])
+    problems = [f"budget {low}: measured {m_low / mib:.0f} MiB, above budget {high}'s "
+                f"{m_high / mib:.0f} MiB" for (high, m_high, _), (low, m_low, _)
+                in itertools.pairwise(rows) if m_low > m_high]
+    problems += [f"budget {fraction}: predicted {predicted / mib:.0f} MiB, measured "
+                 f"{measured / mib:.0f} MiB ({predicted / measured - 1:+.0%}, more than "
+                 f"{tolerance:.0%} off)" for fraction, measured, predicted in rows
+                 if abs(predicted - measured) > tolerance * measured]
+    return problems
+
+
+def _step_peak(device: torch.device, fraction: float, width: int = 2048,
+               batch: int = 8192) -> tuple[int, int]:
+    """(measured, predicted) peak bytes of the deep MLP's second step under ``fraction``,
+    both above what the step starts with: on CUDA ``max_memory_allocated`` less what was
+    allocated before it (parameters, the input; on the CPU `fxopt.profile_memory`'s peak
+    less the same), and the planner's ``memory["fxopt"]`` peak less its baseline (the same
+    parameters and input, which its ``peak_bytes`` includes)."""
+    from fxopt.compiler import Backend
+    from fxopt.profile import profile_memory
+
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    model = _deep_mlp(width).to(device)
+    x = torch.randn(batch, width, device=device)
+    backend = Backend({"memory_budget": fraction})
+    compiled = torch.compile(model, backend=backend)
+    compiled(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(indexed(device))
+        torch.cuda.reset_peak_memory_stats(indexed(device))
+        before = torch.cuda.memory_allocated(indexed(device))
+        compiled(x).sum().backward()
+        torch.cuda.synchronize(indexed(device))
+        measured = torch.cuda.max_memory_allocated(indexed(device)) - before
+    else:
+        profile = profile_memory(compiled, (x,), steps=1, warmup=0)
+        measured = profile.peak_bytes - sum(profile.peak_categories[category]
+                                            for category in ("parameters", "inputs"))
+    predicted = sum(g.memory["fxopt"].peak_bytes - g.memory["fxopt"].baseline_bytes
+                    for g in backend.graphs if g.memory.get("fxopt"))
+    return measured, predicted
 
 
 def check_memory(device: torch.device) -> dict[str, Any]:
-    """Peak memory of a step at three budgets against the planner's prediction."""
+    """Peak memory of a step at budgets 1.0, 0.6 and 0.35 against the planner's prediction:
+    fails on any of :func:`memory_problems`."""
     _cuda_only(device)
-    from fxopt.compiler import Backend
-
-    results = {}
+    results, rows = {}, []
     for fraction in (1.0, 0.6, 0.35):
-        torch.compiler.reset()
-        torch.manual_seed(0)
-        model = _deep_mlp(2048).to(device)
-        x = torch.randn(8192, 2048, device=device)
-        backend = Backend({"memory_budget": fraction})
-        compiled = torch.compile(model, backend=backend)
-        compiled(x).sum().backward()
-        model.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        compiled(x).sum().backward()
-        torch.cuda.synchronize()
-        measured = torch.cuda.max_memory_allocated(device) - before
-        predicted = sum(g.memory["fxopt"].peak_bytes for g in backend.graphs
-                        if g.memory.get("fxopt"))
+        measured, predicted = _step_peak(device, fraction)
+        rows.append((fraction, measured, predicted))
         results[f"budget {fraction}"] = {"measured MiB": round(measured / 2**20, 1),
                                          "predicted MiB": round(predicted / 2**20, 1)}
-        del model, compiled, x
+    problems = memory_problems(rows)
+    if problems:
+        raise _Failed("; ".join(problems), results)
     return results
 
 
 def check_offload_optimizer(device: torch.device) -> dict[str, Any]:
-    """The offloaded AdamW (half its state on the CPU) against the plain one, 4 steps."""
+    """The offloaded AdamW (half its state on the CPU) against the plain one, 4 steps: fails
+    when a parameter differs beyond fp32 rounding (rtol 1e-5, atol 1e-6)."""
     _cuda_only(device)
     from fxopt.optim import offload
 
@@ -277,35 +389,64 @@ def check_offload_optimizer(device: torch.device) -> dict[str, Any]:
     return {"steps": 4, "largest difference": worst}
 
 
-def _step_ms(step: Callable[[], None], repeat: int = 10) -> float:
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
+def speed_problem(samples: dict[str, list[float]], margin: float = SPEED_MARGIN
+                  ) -> str | None:
+    """The problem in interleaved step times (ms per configuration), or None: fxopt's
+    defaults' median slower than Inductor's by more than ``margin``. fxopt's defaults on
+    CUDA compile with Inductor, so a larger gap is fxopt's own cost."""
+    fxopt_ms, inductor_ms = (statistics.median(samples[k]) for k in ("fxopt", "inductor"))
+    if fxopt_ms > (1 + margin) * inductor_ms:
+        return (f"fxopt's defaults take {fxopt_ms:.3g} ms/step, {fxopt_ms / inductor_ms - 1:.0%} "
+                f"more than Inductor's {inductor_ms:.3g} (margin {margin:.0%})")
+    return None
+
+
+def _interleaved_ms(steps: dict[str, Callable[[], None]], device: torch.device,
+                    warmup: int = 3, rounds: int = 10) -> dict[str, list[float]]:
+    """Each step's times in ms, one step of each per round, so that a slower phase of the
+    machine (clocks, another process) falls on every configuration alike."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(indexed(device))
+
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            sync()
+            start = time.perf_counter()
+            step()
+            sync()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return samples
 
 
 def check_speed(device: torch.device) -> dict[str, Any]:
-    """Step time of the benchmark suite's small GPT-2 under eager, Inductor and fxopt."""
+    """Step time of the benchmark suite's small GPT-2 under eager, Inductor and fxopt's
+    defaults, interleaved: fails on :func:`speed_problem`."""
     _cuda_only(device)
     from fxopt.bench.workloads import WORKLOADS
+    from fxopt.compiler import Backend
     from fxopt.profile import default_loss
 
     workload = WORKLOADS["gpt2-small"]
-    results = {}
-    for name, backend in (("eager", None), ("inductor", "inductor"), ("fxopt", "fxopt")):
-        torch.compiler.reset()
+    torch.compiler.reset()
+    steps = {}
+    for name in ("eager", "inductor", "fxopt"):
         torch.manual_seed(0)
         model = workload.build(True).to(device)
         inputs = workload.inputs(model, 8, True, device)
+        backend = {"eager": None, "inductor": "inductor", "fxopt": Backend({})}[name]
         run = model if backend is None else torch.compile(model, backend=backend)
-        results[f"{name} ms/step"] = round(
-            _step_ms(lambda run=run, inputs=inputs: default_loss(run(**inputs)).backward()), 3)
+        steps[name] = lambda run=run, inputs=inputs: default_loss(run(**inputs)).backward()
+    samples = _interleaved_ms(steps, device)
+    results = {f"{name} ms/step": round(statistics.median(times), 3)
+               for name, times in samples.items()}
+    problem = speed_problem(samples)
+    if problem:
+        raise _Failed(problem, results)
     return results
 
 
@@ -318,7 +459,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
 
 def run_doctor(device: str | None = None, only: list[str] | None = None) -> list[Check]:
     """Run the checks (all, or ``only`` these) on ``device`` (default: CUDA if present)."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = indexed(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checks = []
     for name, check in CHECKS.items():
         if only and name not in only:
@@ -330,8 +471,10 @@ def run_doctor(device: str | None = None, only: list[str] | None = None) -> list
         except _Skip as skip:
             data, status, detail = {}, "skipped", str(skip)
         except Exception as error:  # a failed check is the report's content
-            data, status = {}, "failed"
-            detail = f"{type(error).__name__}: {str(error).strip()[:400]}"
+            data, status = getattr(error, "data", {}), "failed"
+            detail = str(error).strip()[:400]  # a criterion not met says which
+            if not isinstance(error, _Failed):
+                detail = f"{type(error).__name__}: {detail}"
             log.debug("doctor check %s failed", name, exc_info=True)
         checks.append(Check(name, status, detail, time.perf_counter() - start, data))
     return checks

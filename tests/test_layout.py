@@ -1,7 +1,8 @@
 """The package's layout rules, checked on its source: fxopt's subpackages and top-level
 modules import each other without a cycle, none imports the command line (fxopt.cli) but
 ``fxopt.__main__``, no module passes 600 lines, and private torch APIs are used only
-through the adapters (fxopt/_compat.py, and the profiler's fxopt/profile/_torch.py)."""
+through the adapters (fxopt/_compat.py, and the profiler's fxopt/profile/_torch.py), and
+``torch.cuda`` is given devices with their index (fxopt/devices.py)."""
 
 import ast
 from collections import defaultdict
@@ -142,3 +143,88 @@ def test_the_private_api_check_sees_each_spelling():
               "y = torch.nn.functional.gelu\n")
     assert private_torch_uses(source) == {
         "torch.utils._pytree", "torch._dynamo.reset", "torch._C._nn.linear"}
+
+
+# torch.cuda functions that take a device, and the position of that argument
+CUDA_DEVICE_ARGUMENT = dict.fromkeys((
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "memory_stats", "memory_summary", "mem_get_info",
+    "synchronize", "current_stream", "default_stream", "Stream", "get_device_name",
+    "get_device_properties", "get_device_capability", "set_device", "device",
+    "get_per_process_memory_fraction"), 0) | {"set_per_process_memory_fraction": 1}
+# Calls the check cannot see are indexed, each with its reason.
+INDEXED_BY_ORIGIN = {
+    "fxopt/optim/runtime.py": {"torch.cuda.Stream(cuda[0])": "a parameter's own device"},
+}
+
+
+def _is_indexed_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and "indexed" in (
+        getattr(node.func, "id", None), getattr(node.func, "attr", None))
+
+
+def _is_indexed(node: ast.AST) -> bool:
+    """``indexed(...)`` or ``indexed(...).index``."""
+    if isinstance(node, ast.Attribute) and node.attr == "index":
+        node = node.value
+    return _is_indexed_call(node)
+
+
+def unindexed_cuda_devices(source: str) -> list[str]:
+    """``torch.cuda`` calls (line: call) whose device argument may be a CUDA device without
+    an index. Accepted: no argument, an int or None, ``indexed(...)`` (fxopt.devices) or its
+    ``.index``, a name the enclosing function bound to ``indexed(...)``, and the ``.device``
+    of an object (a tensor's or a stream's, which carries its index; bench's ``Settings``
+    normalises its own)."""
+    tree = ast.parse(source)
+    found = []
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in [tree, *scopes]:
+        bound = {t.id for n in ast.walk(scope) if isinstance(n, ast.Assign)
+                 and _is_indexed(n.value) for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(scope):
+            name = _dotted(node.func) if isinstance(node, ast.Call) and isinstance(
+                node.func, ast.Attribute) else None
+            if not name or not name.startswith("torch.cuda.") or (
+                    name.split(".")[-1] not in CUDA_DEVICE_ARGUMENT) or name.count(".") != 2:
+                continue
+            position = CUDA_DEVICE_ARGUMENT[name.split(".")[-1]]
+            arg = next((k.value for k in node.keywords if k.arg == "device"),
+                       node.args[position] if len(node.args) > position else None)
+            if arg is None or (isinstance(arg, ast.Constant) and not isinstance(arg.value, str)):
+                continue
+            if _is_indexed(arg) or (isinstance(arg, ast.Attribute) and arg.attr == "device"):
+                continue
+            if isinstance(arg, ast.Name) and arg.id in bound:
+                continue
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(set(found))
+
+
+def test_torch_cuda_is_given_indexed_devices():
+    """``torch.device("cuda")`` reaching ``set_per_process_memory_fraction`` raised on torch
+    2.11 ("Expected a torch.device with a specified index"): every device fxopt hands
+    ``torch.cuda`` goes through fxopt.devices.indexed or is a tensor's or stream's own."""
+    found = [f"{name}:{call}" for path in sorted(PACKAGE.rglob("*.py"))
+             for call in unindexed_cuda_devices(path.read_text())
+             if call.split(": ", 1)[1] not in INDEXED_BY_ORIGIN.get(
+                 name := str(path.relative_to(PACKAGE.parent)), {})]
+    assert not found, "torch.cuda calls given a device that may lack its index:\n" + \
+        "\n".join(found)
+
+
+def test_the_cuda_device_check_sees_each_spelling():
+    source = ("def f(device, settings, x):\n"
+              "    torch.cuda.set_per_process_memory_fraction(0.5, device)\n"
+              "    torch.cuda.synchronize('cuda')\n"
+              "    torch.cuda.memory_allocated(device=torch.device('cuda'))\n"
+              "    torch.cuda.synchronize(indexed(device))\n"
+              "    torch.cuda.current_stream(x.device)\n"
+              "    torch.cuda.Stream(device=indexed(device).index)\n"
+              "    i = indexed(device).index\n"
+              "    torch.cuda.Stream(i)\n"
+              "    torch.cuda.synchronize()\n"
+              "    d = indexed(device)\n"
+              "    torch.cuda.reset_peak_memory_stats(d)\n"
+              "    torch.cuda.set_per_process_memory_fraction(1.0, 0)\n")
+    assert [line.split(":")[0] for line in unindexed_cuda_devices(source)] == ["2", "3", "4"]

@@ -32,9 +32,10 @@ import torch
 
 from fxopt.bench.configs import Config
 from fxopt.bench.workloads import Workload
+from fxopt.devices import indexed
 from fxopt.profile import default_loss, profile_memory
 
-__all__ = ["Measurement", "Settings", "largest_batch", "measure"]
+__all__ = ["Measurement", "Settings", "largest_batch", "measure", "timing_spread"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class Settings:
     memory_cap: int | None = None   # bytes; None: no largest-batch search
     max_batch: int = 1024
 
+    def __post_init__(self) -> None:
+        # torch.cuda is given indexed devices only (fxopt.devices)
+        object.__setattr__(self, "device", indexed(self.device))
+
 
 @dataclass
 class Measurement:
@@ -73,6 +78,16 @@ class Measurement:
     activation_bytes: int | None = None
     compile_s: float | None = None
     max_batch: int | None = None
+
+
+def timing_spread(times: list[float]) -> tuple[float | None, bool]:
+    """(spread, reliable) of step times: (slowest - fastest) / median (None for a zero
+    median), and whether there are at least ``RELIABLE_STEPS`` of them with a spread of at
+    most ``RELIABLE_SPREAD``."""
+    median = statistics.median(times)
+    spread = (max(times) - min(times)) / median if median > 0 else None
+    return spread, (len(times) >= RELIABLE_STEPS and spread is not None
+                    and spread <= RELIABLE_SPREAD)
 
 
 def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> int:
@@ -98,7 +113,7 @@ def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> int:
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(indexed(device))
 
 
 class _Trainer:
@@ -194,9 +209,7 @@ def _measure_with(trainer: _Trainer, result: Measurement, batch: int,
     times = [trainer.timed_step(inputs) for _ in range(settings.steps)]
     median = statistics.median(times)
     result.step_ms = 1e3 * median
-    result.step_spread = (max(times) - min(times)) / median if median > 0 else None
-    result.timing_reliable = (len(times) >= RELIABLE_STEPS and result.step_spread
-                              is not None and result.step_spread <= RELIABLE_SPREAD)
+    result.step_spread, result.timing_reliable = timing_spread(times)
     result.throughput = batch * workload.items(settings.smoke) / median
     result.compile_s = max(0.0, first - median)
     result.peak_bytes, result.activation_bytes = trainer.peak(inputs)
@@ -215,20 +228,20 @@ def _fits(trainer: _Trainer, batch: int, settings: Settings) -> bool:
     if device.type != "cuda":
         peak, _ = trainer.peak(inputs)
         return peak <= cap
-    total = torch.cuda.get_device_properties(device).total_memory
+    total = torch.cuda.get_device_properties(indexed(device)).total_memory
     _release(device)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), indexed(device))
     try:
-        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_peak_memory_stats(indexed(device))
         trainer.step(inputs)
         _sync(device)
-        return torch.cuda.max_memory_allocated(device) <= cap
+        return torch.cuda.max_memory_allocated(indexed(device)) <= cap
     except torch.cuda.OutOfMemoryError:
         trainer.optimizer.zero_grad(set_to_none=True)
         return False
     finally:
         del inputs
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, indexed(device))
         _release(device)
 
 

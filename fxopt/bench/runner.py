@@ -26,6 +26,7 @@ from fxopt.bench.configs import Config
 from fxopt.bench.measure import Measurement, Settings, measure
 from fxopt.bench.report import markdown, plot_workloads, write_json
 from fxopt.bench.workloads import Workload
+from fxopt.devices import indexed
 
 __all__ = ["Suite", "all_pairs", "run_suite", "smoke_pairs"]
 
@@ -62,7 +63,7 @@ def _progress(items: Sequence[T], enabled: bool) -> Iterator[T]:
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return torch.cuda.get_device_name(indexed(device))
     return f"CPU ({platform.processor() or platform.machine()})"
 
 

@@ -56,10 +56,11 @@ def _cap(text: str | None, device: torch.device) -> int | None:  # noqa: F821
     import torch
 
     from fxopt.config import parse_memory_budget
+    from fxopt.devices import indexed
 
     if text is None:
         if device.type == "cuda":
-            return torch.cuda.get_device_properties(device).total_memory // 2
+            return torch.cuda.get_device_properties(indexed(device)).total_memory // 2
         return None
     if text == "none":
         return None

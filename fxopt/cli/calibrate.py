@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import torch
 
+from fxopt.devices import indexed
 from fxopt.planner.hardware import HardwareProfile, default_profile
 
 __all__ = ["PLAUSIBLE_FACTOR", "calibrate", "implausible"]
@@ -131,7 +132,7 @@ def _best(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     """Seconds of the fastest of ``repeats`` runs of ``fn`` after one warm-up."""
     def sync() -> None:
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(indexed(device))
 
     # One CPU thread: the process's CPU time, which a machine busy with other work does not
     # stretch (its wall-clock time does: a loaded 2-core machine halved the rates measured)

@@ -23,6 +23,14 @@ The ops take the call's arguments as ``torch.lstm``'s input overload does, ``hx`
 (``[h0, c0]`` for an LSTM, ``[h0]`` for a GRU; empty: zero states made inside the op, as
 ``nn.LSTM`` makes them when given none, so they are neither inputs nor saved), and return
 ``[output, h_n(, c_n)]``.
+
+A custom op's returns may share storage with none of its inputs and none of its other returns
+(torch checks this on every call). The library does not promise that: cuDNN's backward returns
+the weights' gradients as views of one flat gradient buffer (``_cudnn_rnn_backward_weight``
+views its ``dw`` when the weights' layout matches cuDNN's), and autograd may hand back a
+gradient it was given. Both ops therefore pass their results through :func:`_owning`, which
+copies exactly the returns that share a storage with an input or an earlier return, so every
+device's path keeps the contract and the CPU's, which shares none, copies nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +49,20 @@ def _private_saves() -> torch.autograd.graph.saved_tensors_hooks:
     offloading hook, ``measure_saved_bytes``) never see the tensors the library call saves
     inside the op, which the op frees before it returns."""
     return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+
+
+def _owning(results: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``results`` with each one that shares a storage with an input or an earlier result
+    replaced by a copy (``clone``, which keeps the layout), so that no two of the returned
+    and input tensors share memory (the custom-op contract, module doc)."""
+    taken = {t.untyped_storage().data_ptr() for t in inputs}
+    owned = []
+    for t in results:
+        if t.untyped_storage().data_ptr() in taken:
+            t = t.clone()
+        taken.add(t.untyped_storage().data_ptr())
+        owned.append(t)
+    return owned
 
 
 def zero_state_shapes(x: torch.Tensor, params: list[torch.Tensor], mode: str,
@@ -89,7 +111,7 @@ def recompute_rnn(x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Te
                                 batch_first)
     if batch_first and not output.transpose(0, 1).is_contiguous():
         output = output.transpose(0, 1).contiguous().transpose(0, 1)  # the fake's layout
-    return [output, *states]
+    return _owning([output, *states], [x, *hx, *params])
 
 
 @recompute_rnn.register_fake
@@ -116,8 +138,9 @@ def recompute_rnn_backward(x: torch.Tensor, hx: list[torch.Tensor],
                                batch_first)
         wanted = [leaf for leaf in leaves if leaf.requires_grad]
         found = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
-    return [torch.zeros_like(leaf) if not leaf.requires_grad or (g := next(found)) is None
-            else g.contiguous() for leaf in leaves]  # the fake's layout
+    results = [torch.zeros_like(leaf) if not leaf.requires_grad or (g := next(found)) is None
+               else g.contiguous() for leaf in leaves]  # the fake's layout
+    return _owning(results, [x, *hx, *params, *grads])
 
 
 @recompute_rnn_backward.register_fake

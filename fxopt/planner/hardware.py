@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from fxopt.devices import indexed
+
 __all__ = ["HardwareProfile", "profile_for", "default_profile", "device_key", "KNOWN_GPUS",
            "CPU_DEFAULT", "cache_path", "load_calibrated", "save_calibrated"]
 
@@ -150,7 +152,7 @@ def device_key(device: torch.device) -> str:
     """The name a device's calibration is cached under: ``cpu`` or the GPU's name."""
     if device.type != "cuda":
         return device.type
-    return torch.cuda.get_device_name(device)
+    return torch.cuda.get_device_name(indexed(device))
 
 
 def default_profile(device: torch.device | str) -> HardwareProfile:
@@ -159,8 +161,8 @@ def default_profile(device: torch.device | str) -> HardwareProfile:
     device = torch.device(device)
     if device.type != "cuda":
         return CPU_DEFAULT
-    name = torch.cuda.get_device_name(device)
-    capacity = torch.cuda.get_device_properties(device).total_memory
+    name = torch.cuda.get_device_name(indexed(device))
+    capacity = torch.cuda.get_device_properties(indexed(device)).total_memory
     for key, profile in KNOWN_GPUS.items():
         if key in name:
             return dataclasses.replace(profile, memory_capacity=capacity)

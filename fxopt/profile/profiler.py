@@ -34,6 +34,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from fxopt._compat import tree_leaves
+from fxopt.devices import indexed
 from fxopt.optim.runtime import OffloadedOptimizer
 from fxopt.profile._torch import read_events
 from fxopt.profile.attribute import Tag, apply_tags, build_timeline, intervals_of
@@ -86,8 +87,9 @@ def profile_memory(model: torch.nn.Module, inputs: Any,
     baseline = _baseline(model, args, kwargs, optimizer, device)
     other = 0
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        other = max(0, torch.cuda.memory_allocated(device) - sum(s for s, _ in baseline.values()))
+        torch.cuda.reset_peak_memory_stats(indexed(device))
+        other = max(0, torch.cuda.memory_allocated(indexed(device))
+                    - sum(s for s, _ in baseline.values()))
     tags: list[tuple[str, int, str]] = []  # (mark, ptr, category), timed by the mark's end
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
@@ -97,7 +99,7 @@ def profile_memory(model: torch.nn.Module, inputs: Any,
         for i in range(steps):
             _step(model, args, kwargs, optimizer, loss_fn, prefix=f"{MARK}step{i}:", tags=tags)
         _synchronize(device)
-    measured = (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
+    measured = (torch.cuda.max_memory_allocated(indexed(device)) if device.type == "cuda" else None)
     host = {} if device.type == "cpu" else {"optimizer_state_host": sum(
         t.untyped_storage().nbytes() for t in _optimizer_tensors(optimizer, host=True))}
     events, marks = read_events(prof, MARK)
@@ -129,9 +131,7 @@ def _device_of(model: torch.nn.Module, args: Any, kwargs: Any) -> torch.device:
                          "no tensors; nothing to profile")
     devices = {t.device for t in tensors}
     accelerators = sorted((d for d in devices if d.type != "cpu"), key=str)
-    device = accelerators[0] if accelerators else torch.device("cpu")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = indexed(accelerators[0]) if accelerators else torch.device("cpu")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"fxopt.profile_memory: device {device} is not supported "
                          "(CPU and CUDA are)")
@@ -144,7 +144,7 @@ def _same_device(event_device: str, device: torch.device) -> bool:
 
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(indexed(device))
 
 
 def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fxopt.devices import indexed
+
 __all__ = ["HostBufferPool", "SwapRuntime", "runtime"]
 
 log = logging.getLogger(__name__)
@@ -116,7 +118,7 @@ class SwapRuntime:
         self.prefetches = 0
 
     def copy_stream(self, device: torch.device) -> torch.cuda.Stream:
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = indexed(device).index
         if index not in self._streams:
             self._streams[index] = torch.cuda.Stream(device=index)
         return self._streams[index]
@@ -144,7 +146,7 @@ class SwapRuntime:
         event = None
         if device.type == "cuda":
             stream = self.copy_stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
+            stream.wait_stream(torch.cuda.current_stream(indexed(device)))
             with torch.cuda.stream(stream):
                 out.copy_(host, non_blocking=True)
                 event = torch.cuda.Event()

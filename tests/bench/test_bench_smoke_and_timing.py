@@ -1,10 +1,11 @@
 """fxopt bench: the smoke run's covering set of pairs, CPU timings on one thread with
 their spread, and time ratios marked unreliable when a step time is."""
 
+import pytest
 import torch
 
 from fxopt.bench import WORKLOADS, Config, Settings, all_configs, get_workloads, measure
-from fxopt.bench.measure import RELIABLE_STEPS, Measurement
+from fxopt.bench.measure import RELIABLE_SPREAD, RELIABLE_STEPS, Measurement, timing_spread
 from fxopt.bench.report import markdown
 from fxopt.bench.runner import all_pairs, smoke_pairs
 
@@ -35,8 +36,16 @@ def test_cpu_steps_run_on_one_thread_and_report_their_spread():
     assert threads_seen and set(threads_seen) == {1}
     assert torch.get_num_threads() == before
     assert result.step_spread is not None and result.step_spread >= 0
-    assert not result.timing_reliable  # 3 steps < RELIABLE_STEPS
-    assert RELIABLE_STEPS > 3
+    assert not result.timing_reliable  # 3 steps: fewer than RELIABLE_STEPS
+
+
+def test_a_step_time_is_reliable_from_enough_steps_of_a_small_spread():
+    steady = [1.0] * RELIABLE_STEPS
+    assert timing_spread(steady) == (0.0, True)
+    assert timing_spread(steady[1:]) == (0.0, False)  # one step too few
+    spread = 1.5 * RELIABLE_SPREAD  # one step that much slower than the rest
+    assert timing_spread(steady[1:] + [1.0 + spread]) == (pytest.approx(spread), False)
+    assert timing_spread([0.0] * RELIABLE_STEPS) == (None, False)
 
 
 def run(config, kind, step_ms, reliable):

@@ -7,6 +7,8 @@ differs from the training kernel's in the last bits), the pass fired and the ste
 most the budget's share of eager's saved bytes; calls a replay cannot reproduce are
 declined with the reason."""
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,6 +77,62 @@ def test_op_registration_is_consistent():
     states = [torch.zeros(2, 2, 5), torch.zeros(2, 2, 5)]
     torch.library.opcheck(recompute_rnn, (x, states, list(module._flat_weights), "lstm", True,
                                           2, False, True))
+
+
+class _AliasingCall(torch.autograd.Function):
+    """A stand-in for the library's RNN whose backward returns what cuDNN's and autograd's
+    can: the weights' gradients as views of one flat buffer (``_cudnn_rnn_backward_weight``)
+    and the sequence's and states' gradients as the very tensors it was given (an identity
+    path). Its outputs are ``x`` and the states scaled by 2; its gradients (a stub's, not the
+    derivative) are those given for the sequence and states and 2 for every weight."""
+
+    @staticmethod
+    def forward(ctx, n_states, x, *rest):
+        ctx.n_states, ctx.shapes = n_states, [t.shape for t in rest]
+        return (x * 2, *(t * 2 for t in rest[:n_states]))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        flat = torch.cat([torch.full((s.numel(),), 2.0) for s in ctx.shapes[ctx.n_states:]])
+        views = list(flat.split([s.numel() for s in ctx.shapes[ctx.n_states:]]))
+        weights = [v.view(s) for v, s in zip(views, ctx.shapes[ctx.n_states:])]
+        return (None, *grads, *weights)
+
+
+def _aliasing_library_call(x, states, params, *flags):
+    """``torch.lstm``'s / ``torch.gru``'s signature; under ``no_grad`` (the op's forward) it
+    returns its inputs themselves, as an identity path can."""
+    states = list(states) if isinstance(states, (list, tuple)) else [states]
+    if not torch.is_grad_enabled():
+        return (x, *states)
+    return _AliasingCall.apply(len(states), x, *states, *params)
+
+
+def _storages(tensors) -> list[int]:
+    return [t.untyped_storage().data_ptr() for t in tensors]
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_op_returns_own_their_storage_whatever_the_library_returns(mode, monkeypatch):
+    """The custom-op contract (no return is an input or shares storage with an input or
+    another return) on every path a device can take: the library call is replaced by one
+    that returns aliases as cuDNN's backward does; the ops' returns are still fresh and
+    equal to what the call computed."""
+    module = importlib.import_module("fxopt.kernels.recompute_rnn")
+    monkeypatch.setitem(module._LIBRARY_CALLS, mode, _aliasing_library_call)
+    x = torch.randn(4, 3, 5)
+    hx = [torch.randn(1, 3, 5) for _ in range(2 if mode == "lstm" else 1)]
+    params = [torch.randn(20, 5), torch.randn(20, 5), torch.randn(20)]
+    outputs = torch.ops.fxopt.recompute_rnn(x, hx, params, mode, True, 1, False, False)
+    assert len(set(_storages([*outputs, x, *hx, *params]))) == len(outputs) + 1 + len(hx) + 3
+    assert all(torch.equal(o, i) for o, i in zip(outputs, [x, *hx], strict=True))
+    grads = [torch.randn_like(t) for t in (x, *hx)]
+    results = torch.ops.fxopt.recompute_rnn_backward(x, hx, params, grads, mode, True, 1,
+                                                     False, False)
+    inputs = [x, *hx, *params, *grads]
+    assert len(set(_storages([*results, *inputs]))) == len(results) + len(inputs)
+    expected = [*grads, *(torch.full_like(p, 2.0) for p in params)]
+    assert all(torch.equal(r, e) for r, e in zip(results, expected, strict=True))
 
 
 class RNNLanguageModel(nn.Module):
