@@ -8,8 +8,8 @@ is only needed for its API: :func:`backend` (a backend object with fixed options
 patches), :mod:`fxopt.testing` (compiled-vs-eager checks for pass authors), and
 :func:`profile_memory` (a training step's memory by category),
 :func:`ignore_transformers_logging` (no graph breaks at transformers' logging calls);
-:mod:`fxopt.optim` (optimizer-state offload) and :class:`Plan` (the planner's answer, saved and replayed with
-``options={"plan": path}``).
+:mod:`fxopt.optim` (optimizer-state offload) and :class:`Plan` (the planner's answer, saved
+and replayed with ``options={"plan": path}``).
 """
 
 from fxopt import config, optim
