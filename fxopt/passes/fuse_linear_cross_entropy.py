@@ -160,8 +160,11 @@ def _match(ce: fx.Node) -> _Site:
                 raise _Decline("logits reach the loss through an add that is not a bias")
             bias = node.args[1]
         elif is_call(node, "float_cast", "cast"):
+            source = example_tensor(node.args[0])
             if current.dtype != torch.float32:
                 raise _Decline(f"the logits are cast to {current.dtype} before the loss")
+            if source is None or source.device != current.device:
+                raise _Decline("the logits move to another device before the loss")
         elif is_call(node, *_RESHAPES):
             source = example_tensor(node.args[0])
             if source is None or source.shape[-1] != vocab:
