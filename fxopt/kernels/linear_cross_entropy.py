@@ -11,10 +11,12 @@ Cross-Entropy; Liger-Kernel's fused linear cross-entropy chunks over tokens):
   log-sum-exp, its target logit and (label smoothing) its sum of logits; then the loss.
   It keeps the per-token log-sum-exp (``tokens`` fp32) and its inputs.
 - **backward** (``fxopt::linear_cross_entropy_backward``): per block, the logits again,
-  ``dz = (softmax - (1 - eps) onehot - eps / V) x scale`` in fp32 (``scale``: the incoming
-  gradient over the token count for ``mean``, zero for ``ignore_index`` tokens), then
-  ``dW[v0:v1] = dz.T @ h`` (complete in one matmul, written once in W's dtype),
-  ``db[v0:v1] = dz.sum(0)`` and ``dh += dz @ W[v0:v1]`` (accumulated in fp32). The
+  ``dz = softmax - (1 - eps) onehot - eps / V`` in fp32, then ``dW[v0:v1] = dz.T @ (s h)``
+  (complete in one matmul, written once in W's dtype), ``db[v0:v1] = dz.T @ s`` and
+  ``dh += dz @ W[v0:v1]`` (accumulated in fp32, times ``s`` at the end), where ``s`` is per
+  token the incoming gradient (over the token count for ``mean``; zero for
+  ``ignore_index`` tokens): the scale rides on the small operands, not a pass over a
+  block. The
   gradient matmuls run in fp32 on operands rounded to the compute dtype, as autocast's
   casts round them. A gradient whose input needs none is not computed.
 
@@ -91,11 +93,11 @@ def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch
 
 
 def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: int,
-                            lse: torch.Tensor, scale: torch.Tensor, ignore_index: int,
-                            label_smoothing: float, vocab: int) -> None:
-    """``out = (softmax - (1 - eps) onehot - eps / V) x scale`` for block ``z``, zero rows
-    for ``ignore_index`` tokens (``out`` fp32, may be ``z``)."""
-    p = out.copy_(z).sub_(lse.unsqueeze(1)).exp_()
+                            lse: torch.Tensor, label_smoothing: float, vocab: int) -> None:
+    """``out = softmax - (1 - eps) onehot - eps / V`` for block ``z`` (``out`` fp32, may be
+    ``z``). Unscaled: the caller folds the per-token scale (zero for ignored tokens) into
+    the matmuls' small operands instead of a pass over the block."""
+    p = torch.sub(z, lse.unsqueeze(1), out=out).exp_()
     if label_smoothing:
         p.sub_(label_smoothing / vocab)
     cols = z.shape[1]
@@ -103,7 +105,6 @@ def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Te
     inside = ((local >= 0) & (local < cols)).to(p.dtype)
     p.scatter_add_(1, local.clamp(0, cols - 1).unsqueeze(1),
                    (inside * -(1.0 - label_smoothing)).unsqueeze(1))
-    p.mul_(torch.where(labels != ignore_index, scale, 0.0).unsqueeze(1))
 
 
 # ---------------------------------------------------------------- the chunked computation
@@ -146,10 +147,12 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
     scale = grad.float().reshape(())
     if reduction == "mean":
         scale = scale / (labels != ignore_index).sum()
-    scale = scale.reshape(1)
+    # d loss / d logits = scale_i x (softmax - onehot - ...): scale_i (zero for ignored
+    # tokens) goes into h's rows for dW, into db's sum, and onto dh's rows at the end
+    row_scale = torch.where(labels != ignore_index, scale, 0.0)
     gradient = _triton().dlogits_block if _uses_triton(h) else dlogits_block_reference
     h_cd = h.to(compute_dtype)
-    h_g = h_cd.float() if want_w else None  # the matmul operand, rounded as autocast rounds
+    h_scaled = h_cd.float() * row_scale.unsqueeze(1) if want_w else None
     dh = torch.zeros(tokens, h.shape[1], device=h.device, dtype=torch.float32) if want_h \
         else None
     dw = torch.empty_like(weight) if want_w else None
@@ -160,16 +163,19 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)
         dz = z if z.dtype == torch.float32 else torch.empty(z.shape, device=z.device,
                                                             dtype=torch.float32)
-        gradient(z, dz, labels, v0, lse, scale, ignore_index, label_smoothing, vocab)
+        gradient(z, dz, labels, v0, lse, label_smoothing, vocab)
         del z
         if want_w:
-            dw[v0:v1] = (dz.t() @ h_g).to(weight.dtype)
+            torch.mm(dz.t(), h_scaled, out=dw[v0:v1]) if dw.dtype == torch.float32 else \
+                dw[v0:v1].copy_(dz.t() @ h_scaled)
         if want_b:
-            db[v0:v1] = dz.sum(0).to(bias.dtype)
+            db[v0:v1] = (dz.t() @ row_scale).to(bias.dtype)
         if want_h:
             dh.addmm_(dz, weight[v0:v1].to(compute_dtype).float())
         del dz
-    return [g for g in ((None if dh is None else dh.to(h.dtype)), dw, db) if g is not None]
+    if want_h:
+        dh = (dh * row_scale.unsqueeze(1)).to(h.dtype)
+    return [g for g in (dh, dw, db) if g is not None]
 
 
 def _triton():

@@ -118,12 +118,13 @@ def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing):
         states.append(state)
     for got, want in zip(*states):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    lse, scale = torch.randn(tokens, generator=generator) + 5, torch.tensor([0.3])
+    lse = torch.randn(tokens, generator=generator) + 5
     outs = [torch.empty(tokens, vocab), torch.empty(tokens, vocab)]
-    kernels.dlogits_block(logits, outs[0], labels, v0, lse, scale, -100, smoothing, 1000)
-    lce.dlogits_block_reference(logits, outs[1], labels, v0, lse, scale, -100, smoothing, 1000)
+    kernels.dlogits_block(logits, outs[0], labels, v0, lse, smoothing, 1000)
+    lce.dlogits_block_reference(logits, outs[1], labels, v0, lse, smoothing, 1000)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-7)
-    assert outs[0][2].abs().max() == 0  # the ignored token
+    hits = ((labels >= v0) & (labels < v0 + vocab)).sum()
+    assert hits >= 2  # target columns inside the block are tested
 
 
 @pytest.mark.skipif(not triton_installed(), reason="needs Triton")
@@ -143,9 +144,8 @@ def test_triton_kernels_compile_for_sm80_and_sm90_without_spills():
         specs.append(aot.KernelSpec(
             f"lce_dlogits_block {name}",
             {"z_ptr": f"*{name}", "z_stride": "i32", "p_ptr": "*fp32", "p_stride": "i32",
-             "labels_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32", "cols": "i32",
-             "v0": "i32", "ignore_index": "i32", "smooth_each": "fp32", "hit": "fp32",
-             "BLOCK": "constexpr"},
+             "labels_ptr": "*i64", "lse_ptr": "*fp32", "cols": "i32", "v0": "i32",
+             "smooth_each": "fp32", "hit": "fp32", "BLOCK": "constexpr"},
             {"BLOCK": 1024}, ("z_ptr", "z_stride", "p_ptr", "p_stride", "cols"), 1024,
             module=module, attr="_dlogits_block_kernel"))
     reports = aot.compile_specs(specs, archs=(80, 90))
