@@ -189,7 +189,7 @@ def _run_model(name: str, size: dict, args: argparse.Namespace
         with context():
             saved = measure_saved_bytes(lambda fn=fn: loss_of(fn(**kwargs)), exclude=owned)
         backend = getattr(fn, "backend", None)
-        codegen = ("/".join(sorted({g.options.codegen for g in backend.graphs}))
+        codegen = ("/".join(sorted({g.codegen.name for g in backend.graphs}))
                    if backend is not None else "")
         prepared[config] = (step, saved.bytes, [], codegen)
         print(f"# {name} {config}: ready in {time.perf_counter() - began:.0f} s",

@@ -84,7 +84,7 @@ def chain_figures(device: torch.device, numel: int, repeat: int, inductor: bool)
             print(f"  {name:24s} {seconds * 1e3:9.3f} ms  {moved / seconds / 1e9:8.1f} GB/s "
                   f"({moved / seconds / copy_bw:6.1%} of copy)  speed vs eager "
                   f"{eager_s / seconds:5.2f}x")
-    fired = [r.stats for g in backend.graphs for r in g.passes
+    fired = [{**r.verdicts.counts(), **r.stats} for g in backend.graphs for r in g.passes
              if r.name == "fuse_elementwise" and r.fired]
     print(f"  fxopt stats: {fired}")
 

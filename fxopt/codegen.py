@@ -41,18 +41,113 @@ measurement does not carry over:
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
+import torch.fx as fx
+
+from fxopt import _compat
 from fxopt.config import Options
 
-__all__ = ["choose_codegen", "FRACTION_EVIDENCE", "TEMPO_EVIDENCE"]
+__all__ = ["Codegen", "FX", "INDUCTOR", "as_codegen", "resolve_codegen",
+           "FRACTION_EVIDENCE", "TEMPO_EVIDENCE"]
 
 FRACTION_EVIDENCE = "benchmarks/results/budget_frontier_cpu.md"
 TEMPO_EVIDENCE = "benchmarks/results/budget_frontier_tempo_cpu.md"
 
 
-def choose_codegen(options: Options, device: torch.device) -> tuple[str, str]:
-    """The code generator for a graph on ``device`` and why, in words for explain."""
+@dataclass(frozen=True)
+class Codegen:
+    """The code generator of one graph, resolved once (:func:`resolve_codegen`) and read
+    everywhere through its named properties: no other module compares a generator's name
+    or reads ``options.codegen`` (tests/test_layout.py checks it).
+
+    ``reason`` says why it was chosen, in words for explain; it takes no part in equality.
+    """
+
+    name: str  # "fx" | "inductor"
+    reason: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.name not in ("fx", "inductor"):
+            raise ValueError(f"fxopt: codegen {self.name!r} is neither 'fx' nor 'inductor'")
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def _inductor(self) -> bool:
+        return self.name == "inductor"
+
+    @property
+    def compiles_by_inductor(self) -> bool:
+        """Whether the final graphs go to Inductor's per-graph compiler (in its graph
+        context) rather than run as fx Python."""
+        return self._inductor
+
+    @property
+    def fuses_pointwise(self) -> bool:
+        """Whether the generator fuses pointwise ops itself: tempo then inserts the ops'
+        aten-only forms it can fuse, and fuse_elementwise declines."""
+        return self._inductor
+
+    @property
+    def runs_custom_ops_as_extern(self) -> bool:
+        """Whether fxopt's custom ops run as opaque extern kernels inside generated code
+        (Inductor) rather than as calls of the fx graph."""
+        return self._inductor
+
+    @property
+    def blocking_copies(self) -> bool:
+        """Whether a swap's copies must block: generated code does not wait on fxopt's
+        copy stream, so the planner offers only a blocking offload there."""
+        return self._inductor
+
+    @property
+    def partitions_by_min_cut(self) -> bool:
+        """Whether the joint graph is partitioned by Inductor's min-cut (which recomputes
+        what it fuses; a fraction budget is then met there) rather than by AOTAutograd's
+        default partition (save what autograd saves)."""
+        return self._inductor
+
+    @property
+    def models_fused_buffers(self) -> bool:
+        """Whether the memory simulation models Inductor's fused buffers (values that
+        generated code never stores) instead of storing every node's value."""
+        return self._inductor
+
+    @property
+    def partitioner(self) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
+        """The partition function compilation uses for this generator."""
+        return (_compat.inductor_partition if self.partitions_by_min_cut
+                else _compat.default_partition)
+
+    def decompositions(self) -> dict[Any, Callable[..., Any]]:
+        """The decompositions AOTAutograd traces with: Inductor's for Inductor, none for
+        fx code generation (aten as the model calls it)."""
+        return _compat.inductor_decompositions() if self._inductor else {}
+
+
+FX = Codegen("fx")
+INDUCTOR = Codegen("inductor")
+
+
+def as_codegen(value: Codegen | str) -> Codegen:
+    """``value`` as a :class:`Codegen`: the analyses and the planner take a resolved one, or
+    a generator's name from a direct caller (a test, a script)."""
+    return value if isinstance(value, Codegen) else Codegen(value, "given by name")
+
+
+def resolve_codegen(options: Options, device: torch.device) -> Codegen:
+    """The code generator for a graph on ``device`` under the user's ``options``, with why
+    in words for explain: the one resolution of ``codegen="auto"``."""
+    name, reason = _choose(options, device)
+    return Codegen(name, reason)
+
+
+def _choose(options: Options, device: torch.device) -> tuple[str, str]:
     if options.codegen != "auto":
         return options.codegen, "set by the codegen option"
     if options.inductor_max_autotune:

@@ -18,7 +18,6 @@ use) or Inductor's per-graph compiler.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
@@ -38,7 +37,7 @@ from fxopt.analysis.memory import (
     estimate_joint_memory,
     estimate_step_memory,
 )
-from fxopt.codegen import choose_codegen
+from fxopt.codegen import FX, Codegen, resolve_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.passes.base import REMOVED_SAVED_BYTES
@@ -80,7 +79,7 @@ class GraphRecord:
     memory: dict[str, MemoryEstimate | None] = field(default_factory=dict)
     cost: dict[str, GraphCost | None] = field(default_factory=dict)
     compile_seconds: float = 0.0
-    codegen_reason: str = ""  # why options.codegen ("fx" or "inductor") generates the code
+    codegen: Codegen = FX  # the code generator, resolved once, and why (codegen.reason)
     # what runs with less than was asked, and why: the graph uncompiled, a graph without
     # Inductor; failed passes are in ``passes`` (see every_fallback)
     fallbacks: list[str] = field(default_factory=list)
@@ -221,13 +220,13 @@ class _GraphCompiler:
         self.record = GraphRecord(name=name, options=options)
         self.instruments = instruments + _debug_instruments(options)
         self.device = torch.device("cpu")
+        self.codegen = FX  # resolved for the graph's device in compile()
         self._partitioned_backward: fx.GraphModule | None = None
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
         self.device = _device_of(example_inputs)
-        chosen, self.record.codegen_reason = choose_codegen(self.options, self.device)
-        self.options = self.record.options = dataclasses.replace(self.options, codegen=chosen)
+        self.codegen = self.record.codegen = resolve_codegen(self.options, self.device)
         self.record.dynamo_nodes = len(gm.graph.nodes)
         try:
             compiled = self._compile_stages(gm, example_inputs)
@@ -256,16 +255,15 @@ class _GraphCompiler:
             self.record.memory["autograd"] = (
                 _report_only(_plain_joint_memory(example_inputs), plain)
                 if self.plain_baseline else None)
-        inductor = self.options.codegen == "inductor"
         aot = _compat.aot_autograd(
             fw_compiler=self._compile_forward,
             bw_compiler=self._compile_backward,
             inference_compiler=self._compile_inference,
             partition_fn=self._partition,
-            decompositions=_compat.inductor_decompositions() if inductor else {},
+            decompositions=self.codegen.decompositions(),
             keep_inference_input_mutations=True,
         )
-        with (_compat.inductor_graph_context(example_inputs) if inductor
+        with (_compat.inductor_graph_context(example_inputs) if self.codegen.compiles_by_inductor
               else contextlib.nullcontext()):
             return aot(gm, list(example_inputs))
 
@@ -277,7 +275,7 @@ class _GraphCompiler:
             graph_name=f"{self.record.name}/{kind.value}", device=self.device,
             example_inputs=tuple(example_inputs),
             estimate_memory=estimate or (lambda gm: None), facts=dict(facts),
-            budget_ledger=self.budget_ledger)
+            budget_ledger=self.budget_ledger, codegen=self.codegen)
 
     # AOTAutograd calls the methods below.
 
@@ -293,10 +291,8 @@ class _GraphCompiler:
                             num_fwd_outputs=num_fwd_outputs, **{REMOVED_SAVED_BYTES: removed})
         joint = run_stage(Stage.JOINT, joint, ctx, self.record.passes, self.instruments)
         self.record.graphs["joint"] = joint
-        partition = (_compat.inductor_partition if self.options.codegen == "inductor"
-                     else _compat.default_partition)
-        forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                                      **kwargs)
+        forward, backward = self.codegen.partitioner(
+            joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         self._partitioned_backward = backward
         self._joint_passes_memory_after(forward, backward)
         return forward, backward
@@ -317,14 +313,14 @@ class _GraphCompiler:
         changed = [r for r in self.record.passes if r.stage == Stage.JOINT.value
                    and r.status == "changed"]
         if changed:
-            codegen = self.options.codegen
+            codegen = self.codegen
             after = _report_only(
                 lambda fw: estimate_step_memory(fw, backward, codegen=codegen), forward)
             for record in changed:
                 record.memory_after = after
 
     def _compile_forward(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        backward, codegen = self._partitioned_backward, self.options.codegen
+        backward, codegen = self._partitioned_backward, self.codegen
 
         def estimate(g: fx.GraphModule) -> MemoryEstimate | None:
             return (None if backward is None
@@ -335,7 +331,7 @@ class _GraphCompiler:
 
     def _compile_backward(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         start = time.perf_counter()
-        forward, codegen = self.record.graphs.get("forward"), self.options.codegen
+        forward, codegen = self.record.graphs.get("forward"), self.codegen
 
         def estimate(g: fx.GraphModule) -> MemoryEstimate | None:
             return (None if forward is None
@@ -360,7 +356,7 @@ class _GraphCompiler:
         gm = run_stage(stage, gm, ctx, self.record.passes, self.instruments)
         self.record.graphs[ctx.graph_kind.value] = gm
         self.record.cost[ctx.graph_kind.value] = _report_only(graph_cost, gm)
-        if self.options.codegen == "inductor":
+        if self.codegen.compiles_by_inductor:
             try:
                 return self._inductor(stage, copy_graph_module(gm), ctx, example_inputs)
             except Exception as exc:

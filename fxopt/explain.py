@@ -1,9 +1,10 @@
 """``fxopt.explain``: compile a model, run one training step, and say what fxopt did.
 
 The report lists the graphs Dynamo captured (and its graph breaks with their reasons), per
-graph and per pass whether the pass ran or why not, nodes before/after, time, the pass's own
-stats and the predicted activation memory and peak before/after; ``str(report)`` is a table
-and the same data is on the object (``report.passes[i].name``, ``.stats``, ...).
+graph and per pass whether the pass ran or why not, nodes before/after, time, what it matched
+and declined (its verdicts: a row per reason it declined sites for), its own stats and the
+predicted activation memory and peak before/after; ``str(report)`` is a table and the same
+data is on the object (``report.passes[i].name``, ``.verdicts``, ``.stats``, ...).
 
 "Plain autograd" is always the Dynamo graph without any fxopt pass (explain asks the
 backend to trace it separately when a pre-autograd pass such as tempo changed the graph).
@@ -25,6 +26,7 @@ from fxopt import _compat, config
 from fxopt.analysis.memory import MemoryEstimate
 from fxopt.compiler import Backend, GraphRecord
 from fxopt.config import Options
+from fxopt.passes.base import WHOLE_GRAPH, Verdicts
 from fxopt.pipeline import PassRecord
 from fxopt.units import format_mib as _mib
 
@@ -73,11 +75,13 @@ class ExplainReport:
                 "name": g.name, "dynamo_nodes": g.dynamo_nodes,
                 "fallbacks": g.every_fallback(),
                 "compile_seconds": g.compile_seconds,
+                "codegen": {"name": g.codegen.name, "reason": g.codegen.reason},
                 "memory": {k: _memory_dict(v) for k, v in g.memory.items()},
                 "cost": {k: None if c is None else {"flops": c.flops, "bytes": c.bytes}
                          for k, c in g.cost.items()},
                 "passes": [{**{k: v for k, v in vars(r).items()
-                               if not k.startswith("memory")},
+                               if not k.startswith("memory") and k != "verdicts"},
+                            **r.verdicts.as_dict(),  # "matched" and "declined"
                             "memory_before": _memory_dict(r.memory_before),
                             "memory_after": _memory_dict(r.memory_after)} for r in g.passes],
             } for g in self.graphs],
@@ -204,6 +208,26 @@ def _stats_text(stats: dict[str, Any]) -> str:
     return ", ".join(f"{k}={short(v)}" for k, v in stats.items())
 
 
+def _verdicts_text(verdicts: Verdicts) -> str:
+    """What the pass matched, per kind: the count and, where it saves bytes, the bytes."""
+    if not verdicts.matched:
+        return ""
+    return "matched " + ", ".join(
+        f"{kind}={m.count}" + (f" ({m.bytes / 1024:.1f} KiB)" if m.bytes else "")
+        for kind, m in verdicts.matched.items())
+
+
+def _decline_rows(verdicts: Verdicts, shown: int = 3) -> list[str]:
+    """One row per reason a pass declined sites for: how many and the first few sites (every
+    site is in ``report.passes[i].verdicts.declined``)."""
+    sites: dict[str, list[str]] = {}
+    for decline in verdicts.declined:
+        sites.setdefault(decline.reason, []).append(decline.site)
+    return [f"      declined the graph: {reason}" if where == [WHOLE_GRAPH] else
+            f"      declined {len(where)}x: {reason} (at {', '.join(where[:shown])}"
+            f"{', ...' if len(where) > shown else ''})" for reason, where in sites.items()]
+
+
 def _tempo_auto_rows(auto: dict[str, Any]) -> list[str]:
     """tempo='auto': the site kinds taken and why, and per candidate (a set of kinds) whether
     its plan meets the budget, its predicted step time and what it reaches."""
@@ -276,7 +300,7 @@ def _render(report: ExplainReport) -> list[str]:
         lines.append("")
         lines.append(f"{graph.name}: Dynamo graph of {graph.dynamo_nodes} nodes, "
                      f"compiled in {graph.compile_seconds:.2f}s")
-        lines.append(f"  code generation: {graph.options.codegen} ({graph.codegen_reason})")
+        lines.append(f"  code generation: {graph.codegen} ({graph.codegen.reason})")
         lines += [f"  FALLBACK: {f}" for f in graph.fallbacks]
         costs = [f"{kind} {c.flops / 1e6:,.1f} MFLOP, {c.bytes / 2**20:,.2f} MiB moved"
                  for kind, c in graph.cost.items() if c is not None]
@@ -290,12 +314,12 @@ def _render(report: ExplainReport) -> list[str]:
         lines.append(header)
         for r in graph.passes:
             nodes = "" if r.nodes_before is None else f"{r.nodes_before}->{r.nodes_after or '-'}"
-            detail = r.reason if r.status in ("skipped", "failed") \
-                else _stats_text(r.stats)
+            detail = r.reason if r.status in ("skipped", "failed") else "; ".join(
+                text for text in (_verdicts_text(r.verdicts), _stats_text(r.stats)) if text)
             lines.append(
                 f"  {r.stage:<13}{r.graph.split('/')[-1]:<11}{r.name:<19}{r.status:<12}"
                 f"{nodes:>11}{r.seconds * 1e3:>8.1f}  "
                 f"{_memory_change(r.memory_before, r.memory_after):<28}{detail}")
             if r.ran:
-                lines += _plan_rows(r.stats)
+                lines += _decline_rows(r.verdicts) + _plan_rows(r.stats)
     return lines

@@ -23,6 +23,7 @@ from fxopt import _compat
 from fxopt.analysis.shapes import ensure_fake_values
 from fxopt.config import OptionError
 from fxopt.passes import PassContext, PassSpec, RewriteCounter, Stage, passes_for
+from fxopt.passes.base import Verdicts
 
 if TYPE_CHECKING:
     from fxopt.analysis.memory import MemoryEstimate
@@ -48,7 +49,8 @@ class PassRecord:
     nodes_before: int | None = None
     nodes_after: int | None = None
     seconds: float = 0.0
-    stats: dict[str, Any] = field(default_factory=dict)
+    verdicts: Verdicts = field(default_factory=Verdicts)  # what it matched and declined
+    stats: dict[str, Any] = field(default_factory=dict)   # the pass's own data (a plan)
     memory_before: MemoryEstimate | None = None
     memory_after: MemoryEstimate | None = None
 
@@ -156,6 +158,7 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
         return gm
 
     record.seconds = time.perf_counter() - start
+    record.verdicts = result.verdicts
     record.stats = dict(result.stats)
     if pass_ctx.rewrites.limit is not None:
         record.stats["rewrites_refused_by_limit"] = pass_ctx.rewrites.refused
@@ -164,6 +167,9 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
     record.memory_after = memory(out) if result.modified else record.memory_before
     log.info("fxopt: %s on %s: %s in %.3fs, nodes %d -> %d", spec.name, ctx.graph_name,
              record.status, record.seconds, record.nodes_before, record.nodes_after)
+    for decline in result.verdicts.declined:  # the "why not" of each site, on request
+        log.debug("fxopt: %s on %s declined %s: %s", spec.name, ctx.graph_name,
+                  decline.site, decline.reason)
     for instrument in instruments:
         _observe(instrument.pass_finished, record, gm, out)
     return out

@@ -11,7 +11,7 @@ from torch import nn
 
 import fxopt
 from fxopt import config
-from fxopt.codegen import choose_codegen
+from fxopt.codegen import resolve_codegen
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -30,9 +30,9 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
     ({"memory_budget": 0.5, "force_swap": True}, CPU, "fx"),  # the fx path's swap runtime
 ])
 def test_auto_picks_by_device_and_an_explicit_choice_wins(options, device, expected):
-    chosen, reason = choose_codegen(config.resolve(options), device)
-    assert chosen == expected
-    assert reason.startswith("auto: ") == ("codegen" not in options)
+    chosen = resolve_codegen(config.resolve(options), device)
+    assert chosen.name == expected
+    assert chosen.reason.startswith("auto: ") == ("codegen" not in options)
 
 
 def test_default_is_auto_and_explain_says_what_it_chose_and_why():
@@ -40,14 +40,15 @@ def test_default_is_auto_and_explain_says_what_it_chose_and_why():
     report = fxopt.explain(model, torch.randn(4, 6))
     assert report.options.codegen == "auto"
     graph = report.graphs[0]
-    assert graph.options.codegen == "fx" and "backward" in graph.graphs
-    assert graph.codegen_reason.startswith("auto: on CPU")
+    assert graph.options.codegen == "auto"  # the user's options, as given
+    assert graph.codegen.name == "fx" and "backward" in graph.graphs
+    assert graph.codegen.reason.startswith("auto: on CPU")
     assert "code generation: fx (auto: on CPU" in str(report)
     assert report.fallbacks == [] and "fallbacks: none" in str(report)
 
 
 def test_a_fractions_reason_names_the_measurement_and_each_fx_case_says_why(tmp_path):
-    _, reason = choose_codegen(config.resolve({"memory_budget": 0.3}), CPU)
+    reason = resolve_codegen(config.resolve({"memory_budget": 0.3}), CPU).reason
     assert "budgeted min-cut" in reason and "budget_frontier_cpu.md" in reason
     plan = tmp_path / "plan.json"  # replayed as `fxopt plan` made it, for fx code generation
     plan.write_text("{}")
@@ -55,7 +56,7 @@ def test_a_fractions_reason_names_the_measurement_and_each_fx_case_says_why(tmp_
                          ({"force_swap": True}, "force_swap"),
                          ({"tempo": True}, "budget_frontier_tempo_cpu.md"),
                          ({"tempo": "auto"}, "budget_frontier_tempo_cpu.md")]:
-        chosen, reason = choose_codegen(config.resolve({"memory_budget": 0.3, **options}), CPU)
-        assert chosen == "fx" and why in reason, (options, reason)
-    chosen, reason = choose_codegen(config.resolve({"memory_budget": "6GiB"}), CPU)
-    assert chosen == "fx" and "byte memory_budget" in reason
+        chosen = resolve_codegen(config.resolve({"memory_budget": 0.3, **options}), CPU)
+        assert chosen.name == "fx" and why in chosen.reason, (options, chosen.reason)
+    chosen = resolve_codegen(config.resolve({"memory_budget": "6GiB"}), CPU)
+    assert chosen.name == "fx" and "byte memory_budget" in chosen.reason

@@ -20,7 +20,7 @@ INDUCTOR = {"codegen": "inductor", "strict": True}
 
 def _no_fallback(comparison):
     assert [g.every_fallback() for g in comparison.graphs] == [[]] * len(comparison.graphs)
-    assert all(g.options.codegen == "inductor" for g in comparison.graphs)
+    assert all(g.codegen.name == "inductor" for g in comparison.graphs)
 
 
 @pytest.mark.slow
@@ -68,5 +68,5 @@ def test_fuse_elementwise_declines_under_inductor_and_explain_says_so():
                            options={**INDUCTOR, "fuse_elementwise": True})
     records = [r for r in report.passes if r.name == "fuse_elementwise"]
     assert records and all(r.status == "unchanged" and not r.fired for r in records)
-    assert all("inductor" in r.stats["declined"] for r in records)
-    assert "declined=codegen='inductor' fuses pointwise ops" in str(report)
+    assert all("inductor" in r.verdicts.declined[0].reason for r in records)
+    assert "declined the graph: codegen='inductor' fuses pointwise ops" in str(report)

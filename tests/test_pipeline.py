@@ -12,6 +12,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 import fxopt
 from fxopt import config
 from fxopt.passes import GraphKind, PassContext, PassResult, PassSpec, Stage
+from fxopt.passes.base import Verdicts
 from fxopt.pipeline import PassFailure
 from fxopt.testing import assert_same_as_eager, extra_passes
 
@@ -20,7 +21,7 @@ aten = torch.ops.aten
 
 def gelu_to_erf_formula(gm: fx.GraphModule, ctx) -> PassResult:
     """Test pass: rewrite aten.gelu (forward stage) as 0.5*x*(1+erf(x/sqrt(2)))."""
-    changed = 0
+    verdicts = Verdicts()
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.gelu.default)):
         if not ctx.rewrites.allow():
             continue
@@ -34,8 +35,8 @@ def gelu_to_erf_formula(gm: fx.GraphModule, ctx) -> PassResult:
         # No meta["val"] on purpose: the runner must fill it in.
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
-        changed += 1
-    return PassResult(gm, changed > 0, {"rewrites": changed})
+        verdicts.match("gelu")
+    return PassResult(gm, bool(verdicts.matched), verdicts)
 
 
 def always_fails(gm, ctx):
@@ -69,7 +70,7 @@ def test_a_rewriting_pass_fires_and_keeps_results_equal():
     with extra_passes(spec(gelu_to_erf_formula, Stage.FORWARD)):
         comparison = assert_same_as_eager(MultiGelu(), (torch.randn(4, 9),))
     (record,) = [r for r in comparison.passes if r.name == "gelu_to_erf_formula"]
-    assert record.fired and record.stats == {"rewrites": 2}
+    assert record.fired and record.verdicts.counts() == {"gelu": 2}
     assert record.nodes_after == record.nodes_before + 8
     assert record.memory_before is not None and record.memory_after is not None
     forward = comparison.graphs[0].graphs["forward"]
@@ -82,7 +83,8 @@ def test_rewrite_limit_applies_only_the_first_n_rewrites():
         comparison = assert_same_as_eager(
             MultiGelu(), (torch.randn(4, 9),), {"rewrite_limit": {"gelu_to_erf_formula": 1}})
     (record,) = [r for r in comparison.passes if r.name == "gelu_to_erf_formula"]
-    assert record.stats == {"rewrites": 1, "rewrites_refused_by_limit": 1}
+    assert record.verdicts.counts() == {"gelu": 1}
+    assert record.stats == {"rewrites_refused_by_limit": 1}
     forward = comparison.graphs[0].graphs["forward"]
     assert len(forward.graph.find_nodes(op="call_function", target=aten.gelu.default)) == 1
 
@@ -101,6 +103,34 @@ def test_failing_pass_is_skipped_with_a_warning_and_results_stay_correct(stage):
 def test_invalid_graph_from_a_pass_counts_as_failure():
     with extra_passes(spec(breaks_the_graph, Stage.FORWARD)):
         with pytest.warns(UserWarning, match="pass 'breaks_the_graph' failed"):
+            assert_same_as_eager(MLP(), (torch.randn(3, 13),))
+
+
+def declines_each_gelu(gm, ctx):
+    """Test pass: looks at each gelu and declines it."""
+    verdicts = Verdicts()
+    for node in gm.graph.find_nodes(op="call_function", target=aten.gelu.default):
+        verdicts.decline(node.name, "gelu stays (a test pass)")
+    return PassResult(gm, False, verdicts)
+
+
+def reports_stats_as_verdicts(gm, ctx):
+    return PassResult(gm, False, {"declined": "free-form"})
+
+
+def test_declines_are_one_typed_form_that_explain_prints():
+    with extra_passes(spec(declines_each_gelu, Stage.FORWARD)):
+        report = fxopt.explain(MultiGelu(), torch.randn(4, 9))
+    (record,) = [r for r in report.passes if r.name == "declines_each_gelu"]
+    assert record.status == "unchanged" and record.verdicts.count == 0
+    assert record.verdicts.reasons() == {"gelu stays (a test pass)": 2}
+    sites = [d.site for d in record.verdicts.declined]
+    assert f"declined 2x: gelu stays (a test pass) (at {sites[0]}, {sites[1]})" in str(report)
+
+
+def test_free_form_stats_in_place_of_the_verdicts_fail_clearly():
+    with extra_passes(spec(reports_stats_as_verdicts, Stage.FORWARD)):
+        with pytest.warns(UserWarning, match="third argument is the pass's Verdicts"):
             assert_same_as_eager(MLP(), (torch.randn(3, 13),))
 
 
@@ -162,7 +192,7 @@ def test_debug_dir_failure_never_reaches_training(tmp_path):
 
 
 def leaves_the_graph_alone(gm, ctx):
-    return PassResult(gm, False, {"looked_at": len(gm.graph.nodes)})
+    return PassResult(gm, False, stats={"looked_at": len(gm.graph.nodes)})
 
 
 def test_passes_chain_and_memory_before_is_the_previous_after():

@@ -65,6 +65,7 @@ from fxopt import _compat
 from fxopt.analysis.cost import is_view_op, node_cost, return_aliases
 from fxopt.analysis.shapes import storage_nbytes
 from fxopt.analysis.workspace import workspace_bytes
+from fxopt.codegen import Codegen, as_codegen
 
 __all__ = [
     "MemoryEstimate",
@@ -97,11 +98,10 @@ def estimate_forward_memory(gm: fx.GraphModule) -> MemoryEstimate:
 
 
 def estimate_step_memory(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule, *,
-                         codegen: str = "fx") -> MemoryEstimate:
+                         codegen: Codegen | str = "fx") -> MemoryEstimate:
     """A training step: the partitioned forward, then the backward. ``codegen="inductor"``:
     as Inductor's generated code runs them (:func:`inductor_buffers`), not node by node."""
-    if codegen not in ("fx", "inductor"):
-        raise ValueError(f"fxopt: codegen {codegen!r} is neither 'fx' nor 'inductor'")
+    codegen = as_codegen(codegen)
     saved_phs = [p for p in _placeholders(bw_gm) if not _is_tangent(p)]
     tangents = [p for p in _placeholders(bw_gm) if _is_tangent(p)]
     fw_outputs = _output_nodes(fw_gm)
@@ -109,7 +109,7 @@ def estimate_step_memory(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule, *,
     saved_set = set(saved_src.values())
 
     sim = _Simulation()
-    if codegen == "inductor":
+    if codegen.models_fused_buffers:
         for gm in (fw_gm, bw_gm):
             fused, reuses = inductor_buffers(gm)
             sim.unallocated |= fused
@@ -126,7 +126,7 @@ def estimate_step_memory(fw_gm: fx.GraphModule, bw_gm: fx.GraphModule, *,
 
 
 def estimate_partitioned_memory(joint_gm: fx.GraphModule, num_fwd_outputs: int, *,
-                                codegen: str = "fx",
+                                codegen: Codegen | str = "fx",
                                 recompute: Iterable[str] = ()) -> MemoryEstimate:
     """The step a joint graph compiles to: a copy of it partitioned as fxopt's compiler
     partitions it (AOTAutograd's default partitioner for fx code generation, Inductor's
@@ -139,9 +139,8 @@ def estimate_partitioned_memory(joint_gm: fx.GraphModule, num_fwd_outputs: int, 
     by_name = {n.name: n for n in copy.graph.nodes}
     for name in recompute:
         by_name[name].meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-    partition = (_compat.inductor_partition if codegen == "inductor"
-                 else _compat.default_partition)
-    forward, backward = partition(copy, None, num_fwd_outputs=num_fwd_outputs)
+    codegen = as_codegen(codegen)
+    forward, backward = codegen.partitioner(copy, None, num_fwd_outputs=num_fwd_outputs)
     return estimate_step_memory(forward, backward, codegen=codegen)
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import fx, nn
 
 from fxopt import _compat
-from fxopt.passes.base import REMOVED_SAVED_BYTES
+from fxopt.codegen import Codegen, as_codegen
 from fxopt.passes.fuse_linear_cross_entropy import fuse_linear_cross_entropies
 from fxopt.passes.swap_recompute.noop_dropout import drop_noop_dropouts
 from fxopt.passes.swap_recompute.recompute_rnn import recompute_whole_rnns
@@ -37,9 +37,10 @@ class CapturedJoint:
     removed_bytes: int = 0  # plain saved bytes recompute_rnn took out (a fraction's base)
 
 
-def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
-                   dynamic: bool = False) -> list[CapturedJoint]:
-    """The joint graph of every Dynamo graph of one training step of ``model``."""
+def capture_joints(model: nn.Module, inputs: Sequence[Any], *, dynamic: bool = False,
+                   codegen: Codegen | str = "fx") -> list[CapturedJoint]:
+    """The joint graph of every Dynamo graph of one training step of ``model``, traced
+    with the decompositions compilation uses for ``codegen``."""
     torch.compiler.reset()
     found: list[CapturedJoint] = []
     removed = [0]  # by the Dynamo graph being traced
@@ -52,14 +53,15 @@ def capture_joints(model: nn.Module, inputs: Sequence[Any], *,
         return _compat.boxed_fx_callable(gm)
 
     aot = _compat.aot_autograd(fw_compiler=run_as_is, bw_compiler=run_as_is,
-                               partition_fn=partition, keep_inference_input_mutations=True)
+                               partition_fn=partition, keep_inference_input_mutations=True,
+                               decompositions=as_codegen(codegen).decompositions())
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
         # what compilation under a budget does before autograd (swap_recompute's flag)
-        dropped, (recomputed, _, removed[0]) = drop_noop_dropouts(gm), recompute_whole_rnns(gm)
-        fused = fuse_linear_cross_entropies(gm)
-        removed[0] += fused[REMOVED_SAVED_BYTES]
-        if dropped or recomputed or fused["matched"]:
+        dropped, recomputed = drop_noop_dropouts(gm), recompute_whole_rnns(gm)
+        fused, _ = fuse_linear_cross_entropies(gm)
+        removed[0] = sum(m.bytes for v in (recomputed, fused) for m in v.matched.values())
+        if dropped or recomputed.matched or fused.matched:
             gm.recompile()
         return aot(gm, example_inputs)
 

@@ -94,8 +94,8 @@ def _plan(args: argparse.Namespace) -> int:
     import torch
 
     from fxopt.cli.capture import capture_joints
-    from fxopt.codegen import choose_codegen
-    from fxopt.config import Options, parse_memory_budget
+    from fxopt.codegen import resolve_codegen
+    from fxopt.config import parse_memory_budget
     from fxopt.passes.swap_recompute import predict_plan_peak
     from fxopt.planner.frontier import pareto_frontier
     from fxopt.planner.hardware import profile_for
@@ -132,9 +132,9 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     device = next((t.device for t in inputs if hasattr(t, "device")), None)
     hardware = profile_for(device or "cpu")
-    # the problem compilation builds with the default options on this device
-    codegen, _ = choose_codegen(Options(), torch.device(device or "cpu"))
-    joints = capture_joints(model, inputs, dynamic=args.dynamic)
+    # the code generator compilation resolves for these options on this device
+    codegen = resolve_codegen(_compile_options(args, budget), torch.device(device or "cpu"))
+    joints = capture_joints(model, inputs, dynamic=args.dynamic, codegen=codegen)
     ledger = BudgetLedger()  # a fraction is the model's, shared as compilation shares it
     plans = []
     built = [step_problem(joint.gm, joint.num_fwd_outputs, hardware, codegen=codegen,
@@ -146,6 +146,7 @@ def _plan(args: argparse.Namespace) -> int:
         shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source}){'; budget split by the frontiers' if args.joint else ''}")
+    print(f"code generation: {codegen} ({codegen.reason})")
     for index, (joint, problem) in enumerate(zip(joints, problems, strict=True)):
         print(f"\ng{index}: keep-all peak {format_bytes(problem.keep_all_peak_bytes)}, "
               f"activations {format_bytes(problem.activation_bytes)}, predicted "
@@ -162,7 +163,11 @@ def _plan(args: argparse.Namespace) -> int:
         if budget is not None:
             plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
                              ledger=ledger, share_bytes=shares[index])
-            if plan.actions:  # the peak compilation predicts (and explain shows)
+            if "fraction" in plan.extra and codegen.partitions_by_min_cut:
+                print("Inductor's budgeted min-cut meets the fraction at the partition "
+                      "(compilation's explain shows what it keeps); below: fxopt's plan, "
+                      "its fallback")
+            elif plan.actions:  # the peak compilation predicts (and explain shows)
                 predict_plan_peak(plan, joint.gm, built[index][0], joint.num_fwd_outputs,
                                   codegen)
             if "saved_bytes" in plan.predictions:
@@ -194,7 +199,20 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_joint(model: Any, inputs: Any, budget: Any, hardware: Any, codegen: str,
+def _compile_options(args: argparse.Namespace, budget: Any) -> Any:
+    """The options of the compilation this plan stands for: the budget (and tempo='auto')
+    as given; with ``--save`` the saved plan replayed (``plan=``), so the code generator is
+    the one that replay resolves, as without it the one the budget alone resolves."""
+    import dataclasses
+
+    from fxopt import config
+
+    options = config.resolve({"memory_budget": budget,
+                              "tempo": "auto" if args.tempo == "auto" else None})
+    return dataclasses.replace(options, plan=args.save)  # a file still to be written
+
+
+def _print_joint(model: Any, inputs: Any, budget: Any, hardware: Any, codegen: Any,
                  args: argparse.Namespace, problems: list[Any]) -> None:
     """The joint plan of every graph (tempo sites x activations x optimizer subgroups)."""
     from fxopt.cli.capture import capture_dynamo

@@ -12,7 +12,10 @@ Layout, numbered in pipeline order per Dynamo graph (``NN`` counts per graph):
 - ``<graph>/repro_<kind>.py``: a runnable repro of each captured graph as its stage
   received it (:mod:`fxopt.debug.repro`);
 - ``index.json``: every file in order with its graph, stage, graph kind, pass, node count
-  and predicted memory, rewritten after each file so that it is usable mid-run.
+  and predicted memory, and each pass's verdicts (``matched``: per kind a count and bytes;
+  ``declined``: per site the reason; a pass that declined sites without changing the graph
+  has an entry without a graph file), rewritten after each file so that it is usable
+  mid-run.
 
 Graphs are numbered per dump: the first graph a process dumps into a directory is ``g0``
 there, whatever the compiler called it (``compiled_as`` in the index keeps that name, as
@@ -90,7 +93,8 @@ class DebugDump:
     def pass_finished(self, record: PassRecord, before: fx.GraphModule,
                       after: fx.GraphModule) -> None:
         plan = _plan_text(record)
-        if self._failed or (record.status != "changed" and plan is None):
+        if self._failed or (record.status != "changed" and plan is None
+                            and not record.verdicts.declined):
             return
         compiled_as, kind = record.graph.split("/")
         with self._logged_failure():
@@ -105,6 +109,7 @@ class DebugDump:
             if plan is not None:
                 entry["plan"] = f"{entry['stem']}.plan.json"
                 (self.root / entry["plan"]).write_text(plan)
+            entry.update(record.verdicts.as_dict())  # "matched" and "declined"
             self._add_to_index(entry)
 
     @contextlib.contextmanager

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fxopt.debug.diff import Step
-from fxopt.debug.text import shape_text, summary_line
+from fxopt.debug.text import shape_text, summary_line, verdicts_line
 from fxopt.units import format_bytes
 
 __all__ = ["write_html", "render_html"]
@@ -207,7 +207,8 @@ def _section(index: int, step: Step) -> str:
                      f"<th>related</th></tr>{''.join(rows)}</table></div>")
     return (f'<section class="step" id="{step_id}" data-graph="{escape(step.title)}" '
             f'data-pass="{escape(step.name)}"><h2>{escape(step.title)}: '
-            f"{escape(step.name)}</h2><p>{escape(summary_line(step))}</p>{_chart(step)}"
+            f"{escape(step.name)}</h2><p>{escape(summary_line(step))}</p>"
+            f"<p>{escape(verdicts_line(step) or '')}</p>{_chart(step)}"
             f'<div class="sides">{"".join(sides)}</div></section>')
 
 

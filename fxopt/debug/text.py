@@ -13,6 +13,7 @@ asked (the CLI asks on a terminal).
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,21 @@ def _memory(step: Step, key: str) -> str:
     before = (step.before.memory or {}).get(key)
     after = (step.after.memory or {}).get(key)
     return f"{format_bytes(before)} -> {format_bytes(after)}"
+
+
+def verdicts_line(step: Step) -> str | None:
+    """What the pass matched (per kind) and declined (per reason, how many sites), from
+    its verdicts in the dump's index; None when it reported neither."""
+    matched = step.after.entry.get("matched") or {}
+    reasons = Counter(d["reason"] for d in step.after.entry.get("declined") or ())
+    parts = []
+    if matched:
+        parts.append("matched " + ", ".join(f"{kind}={m['count']}"
+                                            for kind, m in matched.items()))
+    if reasons:
+        parts.append("declined " + ", ".join(f"{reason} x{n}"
+                                             for reason, n in reasons.items()))
+    return "; ".join(parts) or None
 
 
 def summary_line(step: Step) -> str:
@@ -139,6 +155,8 @@ def render_steps(steps: list[Step], *, stat: bool = False, colour: bool = False
             heading = step.title
             yield paint("head", f"{step.title} (stage {step.stage})")
         yield "  " + summary_line(step)
+        if (verdicts := verdicts_line(step)) is not None:
+            yield "  " + verdicts
         if step.plan is not None:
             yield "  " + plan_line(step.plan)
         if not stat:

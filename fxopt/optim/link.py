@@ -28,7 +28,12 @@ from typing import Any
 import torch
 
 from fxopt.optim.model import OffloadPlan, ParamInfo, plan_offload, split_subgroups
-from fxopt.optim.runtime import OffloadedOptimizer, check_optimizer, states_per_param
+from fxopt.optim.runtime import (
+    OffloadedOptimizer,
+    check_optimizer,
+    counter_bytes,
+    states_per_param,
+)
 from fxopt.planner.hardware import HardwareProfile, profile_for
 
 __all__ = ["offload", "gradient_order", "match_graph_inputs"]
@@ -138,5 +143,10 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
                        ready_seconds=ready) for i, ready in order]
     hardware = hardware or profile_for(params[0].device)
     plan = plan_offload(split_subgroups(infos, subgroups), hardware,
-                        states_per_param=states_per_param(optimizer), **planning)
+                        states_per_param=states_per_param(optimizer),
+                        counter_bytes=counter_bytes(optimizer), **planning)
+    if plan.keeps_up() is False:
+        log.warning("fxopt.optim.offload: %s", plan.summary())
+    else:
+        log.info("fxopt.optim.offload: %s", plan.summary())
     return OffloadedOptimizer(optimizer, plan)

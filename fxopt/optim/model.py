@@ -31,6 +31,24 @@ rates of a :class:`~fxopt.planner.HardwareProfile`:
   kinds run one after the other.
 
 The predicted time of the optimizer phase is when the last update (or copy back) ends.
+
+Whether the host keeps up. The runtime updates the host subgroups in ``step()`` (after any
+gradient clipping), so their updates and copies back add ``host_overhead_seconds`` (the
+predicted phase minus all-on-the-device) to the step, and only the gradients' copies hide in
+the backward. The plan compares that overhead with the backward's length (the largest
+subgroup ``ready_seconds``: the first subgroup's last gradient, a lower bound of the
+backward and so of the step): within ``MAX_SLOWDOWN - 1`` of it, the step stays within
+``MAX_SLOWDOWN`` times the plain one; beyond it the host cannot keep up at this CPU Adam
+rate, and :meth:`OffloadPlan.keeps_up` says so.
+
+The bytes are the runtime's buffers, exactly (``tests/optim/test_optim_accounting.py`` holds
+them to the profiler's categories). A "gpu" subgroup keeps ``states`` tensors of each
+parameter's size and dtype on the device; a "cpu" one keeps on the host, per element, an
+fp32 master, its fp32 gradient, ``states`` fp32 tensors and a staging buffer in the
+parameter's dtype (gradient in, parameter out), and on the device nothing beyond the
+parameter and its gradient, which every placement has. ``counter_bytes`` adds per-parameter
+scalar state (Adam's ``step``) where it lives. Parameters that never get a gradient have no
+state; the prediction counts them all.
 """
 
 from __future__ import annotations
@@ -44,12 +62,15 @@ from typing import Any
 from fxopt.planner.hardware import HardwareProfile
 
 __all__ = [
-    "PLACEMENTS", "ParamInfo", "Subgroup", "SubgroupPlan", "OffloadPlan", "Prediction",
+    "MAX_SLOWDOWN", "PLACEMENTS", "ParamInfo", "Subgroup", "SubgroupPlan", "OffloadPlan",
+    "Prediction",
     "split_subgroups", "simulate", "plan_offload", "offload_frontier",
 ]
 
 PLACEMENTS = ("gpu", "cpu")
 DEFAULT_CONTENTION = 1.1
+# The step-time target for offloading: at most this many times the plain step (issue 30).
+MAX_SLOWDOWN = 1.3
 # Up to this many subgroups every placement is evaluated (2**12 simulations, ~50 ms).
 EXHAUSTIVE_LIMIT = 12
 
@@ -86,7 +107,7 @@ class Prediction:
     seconds: float                  # the optimizer phase: t=0 to the last update or copy
     finish_seconds: tuple[float, ...]  # per subgroup
     gpu_state_bytes: int            # optimizer state resident on the device
-    host_bytes: int                 # fp32 master weights, state and gradient buffers
+    host_bytes: int                 # fp32 master weights, state, gradient and staging buffers
 
 
 @dataclass(frozen=True)
@@ -120,6 +141,38 @@ class OffloadPlan:
     cpu_fraction: float | None = None
     states_per_param: int = 2
     contention: float = DEFAULT_CONTENTION
+    counter_bytes: tuple[int, int] = (0, 0)
+    backward_seconds: float = 0.0  # the backward's predicted length (0: unknown)
+
+    @property
+    def host_overhead_seconds(self) -> float:
+        """What the host subgroups add to the step: the predicted optimizer phase beyond
+        the all-on-the-device one."""
+        return max(0.0, self.predicted_seconds - self.all_gpu_seconds)
+
+    def keeps_up(self, limit: float = MAX_SLOWDOWN) -> bool | None:
+        """Whether the host's overhead is within ``limit - 1`` of the backward's length,
+        which keeps the step within ``limit`` times the plain one; None when the backward's
+        length is unknown (no recorded gradient order)."""
+        if self.host_overhead_seconds == 0.0:
+            return True
+        if self.backward_seconds <= 0.0:
+            return None
+        return self.host_overhead_seconds <= (limit - 1.0) * self.backward_seconds
+
+    def summary(self) -> str:
+        """One line: the share on the host, the device bytes it frees, the host's overhead
+        against the backward."""
+        freed = self.all_gpu_state_bytes - self.gpu_state_bytes
+        line = (f"{self.cpu_share:.0%} of parameters update on the host, freeing "
+                f"{freed / 2**20:.1f} MiB of device state; the host adds "
+                f"{self.host_overhead_seconds * 1e3:.3g} ms to the step")
+        verdict = self.keeps_up()
+        if verdict is None:
+            return line + " (the backward's length is unknown)"
+        return line + (f" against a backward of {self.backward_seconds * 1e3:.3g} ms: "
+                       + ("the host keeps up" if verdict else
+                          f"the host cannot keep up (more than {MAX_SLOWDOWN - 1:.0%} of it)"))
 
     @property
     def cpu_share(self) -> float:
@@ -139,6 +192,8 @@ class OffloadPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OffloadPlan:
         data = {k: v for k, v in data.items() if k != "cpu_share"}
+        if "counter_bytes" in data:  # a list in JSON
+            data["counter_bytes"] = tuple(data["counter_bytes"])
         subgroups = tuple(SubgroupPlan(**{**s, "params": tuple(s["params"])})
                           for s in data.pop("subgroups"))
         return cls(subgroups=subgroups, **data)
@@ -177,14 +232,33 @@ def _cpu_update_seconds(s: Subgroup, hw: HardwareProfile) -> float:
     return s.numel / hw.cpu_update_params_per_second
 
 
-def _host_bytes(s: Subgroup, states: int) -> int:
-    return s.numel * 4 * (2 + states)  # fp32 master, fp32 gradient buffer, fp32 state
+def _device_bytes(s: Subgroup, states: int, counter: int) -> int:
+    return s.numel * s.itemsize * states + len(s.params) * counter
+
+
+def _host_bytes(s: Subgroup, states: int, counter: int) -> int:
+    # fp32 master, its fp32 gradient and fp32 state; the staging buffer in the param's dtype
+    return s.numel * (4 * (2 + states) + s.itemsize) + len(s.params) * counter
+
+
+def _check_counters(counter_bytes: Any) -> tuple[int, int]:
+    if (not isinstance(counter_bytes, (tuple, list)) or len(counter_bytes) != 2
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0
+                   for c in counter_bytes)):
+        raise ValueError(f"fxopt.optim: counter_bytes must be two ints >= 0 (device, host), "
+                         f"got {counter_bytes!r}")
+    return tuple(counter_bytes)
 
 
 def simulate(subgroups: Sequence[Subgroup], placements: Sequence[str], hardware: HardwareProfile,
-             *, states_per_param: int = 2, contention: float = DEFAULT_CONTENTION
-             ) -> Prediction:
-    """The predicted optimizer phase of one step for ``placements`` (one per subgroup)."""
+             *, states_per_param: int = 2, contention: float = DEFAULT_CONTENTION,
+             counter_bytes: tuple[int, int] = (0, 0)) -> Prediction:
+    """The predicted optimizer phase of one step for ``placements`` (one per subgroup).
+
+    ``counter_bytes``: the bytes of scalar state per parameter that a "gpu" subgroup keeps
+    on the device and a "cpu" one on the host (Adam's fp32 ``step``: (4, 4) on a CPU
+    device or with ``fused``/``capturable``, else (0, 4): on CUDA it stays on the host)."""
+    device_counter, host_counter = _check_counters(counter_bytes)
     if len(placements) != len(subgroups):
         raise ValueError(f"fxopt.optim: {len(placements)} placements for "
                          f"{len(subgroups)} subgroups")
@@ -217,9 +291,9 @@ def simulate(subgroups: Sequence[Subgroup], placements: Sequence[str], hardware:
         seconds = max([gpu_free, 0.0] + finish)
     return Prediction(
         seconds=seconds, finish_seconds=tuple(finish),
-        gpu_state_bytes=sum(s.numel * s.itemsize * states_per_param
+        gpu_state_bytes=sum(_device_bytes(s, states_per_param, device_counter)
                             for s, w in zip(subgroups, placements) if w == "gpu"),
-        host_bytes=sum(_host_bytes(s, states_per_param)
+        host_bytes=sum(_host_bytes(s, states_per_param, host_counter)
                        for s, w in zip(subgroups, placements) if w == "cpu"))
 
 
@@ -256,16 +330,18 @@ def _closest_share(subgroups: Sequence[Subgroup], candidates: Iterable[tuple[str
 
 def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
                  gpu_state_budget_bytes: int | None = None, cpu_fraction: float | None = None,
-                 states_per_param: int = 2, contention: float = DEFAULT_CONTENTION
-                 ) -> OffloadPlan:
+                 states_per_param: int = 2, contention: float = DEFAULT_CONTENTION,
+                 counter_bytes: tuple[int, int] = (0, 0)) -> OffloadPlan:
     """Choose a placement per subgroup.
 
     Among the placements whose resident GPU state fits ``gpu_state_budget_bytes`` (None: no
     limit), and, when ``cpu_fraction`` is given, whose share of parameters on the CPU is
     the closest possible to it, the one with the least predicted time; ties go to less GPU
     state, then to the placement that comes first with "cpu" < "gpu" in subgroup order
-    (the earliest-ready subgroups offloaded first). Raises ``ValueError`` on bad arguments
-    and when no placement fits (possible only with a forced ``cpu_fraction``).
+    (the earliest-ready subgroups offloaded first). On a CPU device the host subgroups'
+    bytes count in the budget too (the same memory), so a budget never moves state to the
+    host there; ``cpu_fraction`` still forces it (for tests). Raises ``ValueError`` on bad
+    arguments and when no placement fits (a forced ``cpu_fraction``, or a CPU device).
     """
     if gpu_state_budget_bytes is not None and (
             isinstance(gpu_state_budget_bytes, bool) or not isinstance(gpu_state_budget_bytes, int)
@@ -282,6 +358,7 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
                          f"got {states_per_param!r}")
     if not isinstance(contention, (int, float)) or contention < 1.0:
         raise ValueError(f"fxopt.optim: contention must be a number >= 1, got {contention!r}")
+    counter_bytes = _check_counters(counter_bytes)
     n = len(subgroups)
     candidates: Iterable[tuple[str, ...]] = _candidates(n)
     if cpu_fraction is not None:
@@ -289,18 +366,24 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
 
     def predict(placement: Sequence[str]) -> Prediction:
         return simulate(subgroups, placement, hardware, states_per_param=states_per_param,
-                        contention=contention)
+                        contention=contention, counter_bytes=counter_bytes)
 
     best: tuple[tuple[float, int, tuple[str, ...]], Prediction] | None = None
     for placement in candidates:
         prediction = predict(placement)
         if (gpu_state_budget_bytes is not None
-                and prediction.gpu_state_bytes > gpu_state_budget_bytes):
+                and _resident(prediction, hardware) > gpu_state_budget_bytes):
             continue
         # Times equal up to rounding are a tie (a sum in another order differs in ulps).
         rank = (round(prediction.seconds, 12), prediction.gpu_state_bytes, placement)
         if best is None or rank < best[0]:
             best = (rank, prediction)
+    if best is None and hardware.device_type == "cpu" and cpu_fraction is None:
+        raise ValueError(
+            f"fxopt.optim: on a CPU device the host is the device's memory: a host subgroup "
+            f"frees nothing (it adds an fp32 master, gradient and staging buffer to its "
+            f"state), so no placement keeps the optimizer within gpu_state_budget_bytes="
+            f"{gpu_state_budget_bytes}; raise it, or force host updates with cpu_fraction")
     if best is None:
         raise ValueError(
             f"fxopt.optim: no placement with the CPU share closest to "
@@ -309,24 +392,33 @@ def plan_offload(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
             "CPU fraction")
     (_, _, placement), prediction = best
     return _offload_plan(subgroups, placement, prediction, hardware, gpu_state_budget_bytes,
-                         cpu_fraction, states_per_param, contention)
+                         cpu_fraction, states_per_param, contention, counter_bytes)
+
+
+def _resident(prediction: Prediction, hardware: HardwareProfile) -> int:
+    """The optimizer's bytes in the device's memory: its device state, and on a CPU device
+    the host subgroups' bytes too (the same memory; moving state there costs more than it
+    frees)."""
+    return prediction.gpu_state_bytes + (prediction.host_bytes
+                                         if hardware.device_type == "cpu" else 0)
 
 
 def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
                   prediction: Prediction, hardware: HardwareProfile,
                   gpu_state_budget_bytes: int | None, cpu_fraction: float | None,
-                  states_per_param: int, contention: float) -> OffloadPlan:
+                  states_per_param: int, contention: float,
+                  counter_bytes: tuple[int, int] = (0, 0)) -> OffloadPlan:
     n = len(subgroups)
 
     def predict(placement: Sequence[str]) -> Prediction:
         return simulate(subgroups, placement, hardware, states_per_param=states_per_param,
-                        contention=contention)
+                        contention=contention, counter_bytes=counter_bytes)
 
     all_gpu, all_cpu = predict(("gpu",) * n), predict(("cpu",) * n)
     return OffloadPlan(
         subgroups=tuple(
             SubgroupPlan(index=i, params=s.params, numel=s.numel, placement=where,
-                         gpu_state_bytes=(s.numel * s.itemsize * states_per_param
+                         gpu_state_bytes=(_device_bytes(s, states_per_param, counter_bytes[0])
                                           if where == "gpu" else 0),
                          finish_seconds=prediction.finish_seconds[i])
             for i, (s, where) in enumerate(zip(subgroups, placement))),
@@ -334,7 +426,9 @@ def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
         all_cpu_seconds=all_cpu.seconds, gpu_state_bytes=prediction.gpu_state_bytes,
         all_gpu_state_bytes=all_gpu.gpu_state_bytes, host_bytes=prediction.host_bytes,
         hardware=hardware.name, gpu_state_budget_bytes=gpu_state_budget_bytes,
-        cpu_fraction=cpu_fraction, states_per_param=states_per_param, contention=contention)
+        cpu_fraction=cpu_fraction, states_per_param=states_per_param, contention=contention,
+        counter_bytes=tuple(counter_bytes),
+        backward_seconds=max((s.ready_seconds for s in subgroups), default=0.0))
 
 
 def offload_frontier(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
@@ -343,12 +437,11 @@ def offload_frontier(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *
     """The non-dominated placements, least resident bytes first: resident bytes (the device
     state; on a CPU device the host subgroups' bytes too, the same memory) against the
     predicted optimizer time. Ties go as in :func:`plan_offload`."""
-    host_counts = hardware.device_type == "cpu"
     points = []
     for placement in _candidates(len(subgroups)):
         p = simulate(subgroups, placement, hardware, states_per_param=states_per_param,
                      contention=contention)
-        resident = p.gpu_state_bytes + (p.host_bytes if host_counts else 0)
+        resident = _resident(p, hardware)
         points.append((resident, round(p.seconds, 12), p.gpu_state_bytes, placement, p))
     frontier: list[OffloadPlan] = []
     fastest = math.inf

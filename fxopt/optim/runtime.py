@@ -13,10 +13,13 @@ an :class:`~fxopt.optim.model.OffloadPlan`:
   vectorised call per subgroup (the optimizer's own ``fused=True`` CPU kernel, all threads),
   then the parameters are downcast on the host (bf16/fp16 models) and copied back.
 
-On CUDA the CPU subgroups update in a worker thread, in plan order, while the main thread
-launches the device subgroups' updates; the next forward waits for the copies back on the
-device, never on the host. On a CPU device the same path runs one step after another, which
-is what makes it testable here.
+The CPU subgroups update on a worker thread (:mod:`fxopt.optim.worker`), in plan order; on
+CUDA the main thread launches the device subgroups' updates meanwhile, and the next forward
+waits for the copies back on the device, never on the host. On a CPU device the same path
+runs one update after another (the main thread waits for each), which is what makes it
+testable here. ``close()`` or the end of a ``with`` block stops the thread, removes the
+gradient hooks and frees the state; dropping the optimizer does the same, since neither the
+hooks nor the thread hold it.
 
 The parameter is the source of truth, the master only adds precision: ``step()`` first
 looks for parameters changed outside it (``model.load_state_dict``, an in-place init, an EMA
@@ -35,9 +38,9 @@ wrapped optimizer.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +48,14 @@ from typing import Any
 import torch
 
 from fxopt.optim.model import OffloadPlan
+from fxopt.optim.worker import HostWorker, release
 
 __all__ = [
     "MASTER_KEY",
     "SUPPORTED",
     "OffloadedOptimizer",
     "check_optimizer",
+    "counter_bytes",
     "states_per_param",
 ]
 
@@ -69,6 +74,22 @@ def states_per_param(optimizer: torch.optim.Optimizer) -> int:
     if isinstance(optimizer, torch.optim.SGD):
         return 1 if any(g.get("momentum", 0) for g in optimizer.param_groups) else 0
     return 3 if group.get("amsgrad") else 2
+
+
+def counter_bytes(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """Bytes of per-parameter scalar state (Adam's ``step``) a device subgroup keeps on the
+    device and a host subgroup on the host (the model's ``counter_bytes``). torch keeps
+    ``step`` on the host unless the update is fused or capturable; the host subgroups'
+    fused CPU update keeps an fp32 one."""
+    if isinstance(optimizer, torch.optim.SGD):
+        return 0, 0
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    on_device = (not params or params[0].device.type == "cpu"
+                 or any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups))
+    fused = any(g.get("fused") for g in optimizer.param_groups)
+    # an unfused step counter has the default dtype when that is float64, else fp32
+    scalar = 8 if torch.get_default_dtype() == torch.float64 and not fused else 4
+    return (scalar if on_device else 0), 4
 
 
 @dataclass
@@ -176,11 +197,15 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         # (gradients to the host, parameters back) on the parameters' device
         self._streams = ((torch.cuda.Stream(cuda[0]), torch.cuda.Stream(cuda[0]))
                          if self._cuda else None)
-        self._worker = (concurrent.futures.ThreadPoolExecutor(1, "fxopt-offload")
-                        if self._cuda else None)
+        self._closed = False
+        self._worker = HostWorker()
         self._subgroups = [self._build(s.placement, list(s.params)) for s in plan.subgroups]
-        self._hooks = [hp.param.register_post_accumulate_grad_hook(self._make_hook(hp))
-                       for sg in self._subgroups for hp in sg.host]
+        self._host = {i: hp for sg in self._subgroups for i, hp in zip(sg.indices, sg.host)}
+        self._hooks = [hp.param.register_post_accumulate_grad_hook(self._make_hook(i))
+                       for i, hp in self._host.items()]
+        # Neither the hooks nor the worker hold this optimizer (see fxopt.optim.worker):
+        # when it is collected, this removes the hooks and stops the thread.
+        self._release = weakref.finalize(self, release, self._hooks, self._worker)
         optimizer.state.clear()  # its state now lives in the subgroups
         self.load_state_dict(saved)
         log.info("fxopt.optim: %d subgroups, %d on the CPU (%.0f%% of parameters)",
@@ -236,9 +261,15 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     # ---------------------------------------------------------------- gradients
 
-    def _make_hook(self, hp: _HostParam) -> Callable[[torch.Tensor], None]:
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        # A weak reference: the parameter keeps its hooks where Python's cycle collector
+        # cannot see them, so a strong one would keep this optimizer and the model alive.
+        owner = weakref.ref(self)
+
         def grad_ready(param: torch.Tensor) -> None:
-            self._copy_grad_to_host(hp)
+            optimizer = owner()
+            if optimizer is not None and not optimizer._closed:
+                optimizer._copy_grad_to_host(optimizer._host[index])
         return grad_ready
 
     def _copy_grad_to_host(self, hp: _HostParam) -> None:
@@ -295,8 +326,10 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         now = _fingerprint(hp.param)
         if hp.synced == now:
             return
-        current = hp.param.detach()
-        if not torch.equal(current, hp.master.to(current.device, current.dtype)):
+        # compared on the host: a device-side copy of the master would be a full-size
+        # temporary on the device the offload is meant to relieve
+        current = hp.param.detach().to(hp.master.device)
+        if not torch.equal(current, hp.master.to(current.dtype)):
             hp.master.copy_(current)
             log.debug("fxopt.optim: a %s parameter changed outside step(); its master "
                       "weights follow it", tuple(current.shape))
@@ -310,6 +343,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             for internal, g in zip(sg.optimizer.param_groups, sg.user_groups):
                 internal.update(self._hyperparameters(g, sg.placement))
 
+    @torch.no_grad()  # runs on the worker thread, where the caller's no_grad does not hold
     def _update_on_host(self, sg: _Subgroup, backward_done: Any = None) -> None:
         """``backward_done``: a CUDA event after everything queued before ``step()`` (the
         backward still reads the parameters the copies back overwrite)."""
@@ -336,6 +370,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        self._check_open("step()")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -346,15 +381,15 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         for sg in host:
             self._follow_parameters(sg)
             self._refresh_grads(sg)
-        if self._worker is None:
+        if self._streams is None:  # a CPU device: one update after another, on its cores
             for sg in self._subgroups:
                 if sg.placement == "cpu":
-                    self._update_on_host(sg)
+                    self._worker.submit(self._update_on_host, sg).result()
                 else:
                     sg.optimizer.step()
             return loss
-        # CUDA: the host updates in a worker thread (torch releases the GIL in its kernels)
-        # while this thread queues the device updates.
+        # CUDA: the host updates in the worker thread (torch releases the GIL in its
+        # kernels) while this thread queues the device updates.
         backward_done = torch.cuda.current_stream(self._streams[1].device).record_event()
         futures = [self._worker.submit(self._update_on_host, sg, backward_done)
                    for sg in host]
@@ -370,6 +405,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The plain optimizer's format: state per parameter index, groups with indices; a
         bf16/fp16 parameter updated on the host adds its fp32 master under ``MASTER_KEY``."""
+        self._check_open("state_dict()")
         state: dict[int, dict[str, Any]] = {}
         for sg in self._subgroups:
             for i, tensor in zip(sg.indices, sg.tensors):
@@ -392,6 +428,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this optimizer or of the plain one (bit-exact, masters too)."""
+        self._check_open("load_state_dict()")
         saved_groups = state_dict["param_groups"]
         sizes = [len(g["params"]) for g in self.param_groups]
         if [len(g["params"]) for g in saved_groups] != sizes:
@@ -437,12 +474,13 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         subgroup's gradients itself, without overlapping them with the backward."""
         for handle in self._hooks:
             handle.remove()
-        self._hooks = []
+        self._hooks.clear()  # the same list the finalizer holds
 
     def state_tensors(self, placement: str) -> list[torch.Tensor]:
         """The live tensors the subgroups updated on ``placement`` ("cpu" or "gpu") hold,
         for memory accounting: their optimizer state and, on the host, the fp32 masters,
         their gradients and the staging buffers. No copies (unlike ``state_dict()``)."""
+        self._check_open("state_tensors()")
         if placement not in ("cpu", "gpu"):
             raise ValueError(f"fxopt.optim: placement is 'cpu' or 'gpu', not {placement!r}")
         tensors: list[torch.Tensor] = []
@@ -461,3 +499,33 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         """Where each parameter updates ("cpu" or "gpu"), in ``state_dict`` order."""
         where = self.plan.placement_of()
         return [where[i] for i in range(len(self._flat))]
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Stop the worker thread (after its current update), remove the gradient hooks
+        and free the state (host masters and buffers, device state). Idempotent; the
+        optimizer cannot be used after it. Dropping the optimizer does the same."""
+        if self._closed:
+            return
+        self._closed = True
+        self._worker.stop(wait=True)
+        self._release()
+        self._subgroups, self._host = [], {}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> OffloadedOptimizer:
+        self._check_open("a with block")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"fxopt.optim: {what} on a closed offloaded optimizer (close() or the end of "
+                f"its with block freed its state); build a new one with fxopt.optim.offload")

@@ -13,8 +13,8 @@ call sits where the region's last op was, and a region only grows where no outsi
 its values comes earlier and no in-place op lies in between (so nothing reads a value
 before it exists or sees a mutation in another order). Regions are one shape, with
 concrete sizes, on the graph's device: anything else (dynamic shapes, a CPU scalar tensor
-in a CUDA graph, an op or argument the generator does not know) is left alone and counted
-with its reason in the stats.
+in a CUDA graph, an op or argument the generator does not know) is left alone, a decline
+with its site and reason in the verdicts.
 
 It declines the whole graph where Triton cannot run (a CPU without ``TRITON_INTERPRET=1``)
 and with ``codegen="inductor"``, which fuses pointwise ops itself.
@@ -29,7 +29,6 @@ import bisect
 import itertools
 import logging
 import operator
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +41,7 @@ from fxopt.kernels.pointwise import FusedPointwise, Instr, Op, Program, Unsuppor
 from fxopt.kernels.pointwise.codegen import get_kernel, register_dtype
 from fxopt.kernels.pointwise.fused import broadcast_strides, layout_for
 from fxopt.kernels.pointwise.ops import SUPPORTED_DTYPES
-from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.base import PassContext, PassResult, Verdicts
 
 __all__ = ["fuse_elementwise"]
 
@@ -60,44 +59,45 @@ class _Region:
 
 @dataclass
 class _Stats:
+    """The verdicts (regions fused; each op or region left alone, and why) and the pass's
+    own counts."""
+
+    verdicts: Verdicts = field(default_factory=Verdicts)
     regions_found: int = 0
-    regions_fused: int = 0
     ops_fused: int = 0
     kernels_generated: int = 0
     kernels_reused: int = 0
-    left_alone: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"regions_found": self.regions_found, "regions_fused": self.regions_fused,
-                "ops_fused": self.ops_fused, "kernels_generated": self.kernels_generated,
+        return {"regions_found": self.regions_found, "ops_fused": self.ops_fused,
+                "kernels_generated": self.kernels_generated,
                 "kernels_reused": self.kernels_reused,
-                "launches_saved": self.ops_fused - self.regions_fused,
-                "left_alone": dict(self.left_alone)}
+                "launches_saved": self.ops_fused - self.verdicts.count}
 
 
 def fuse_elementwise(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     """Replace each region of connected pointwise ops by one generated kernel call."""
-    if ctx.options.codegen == "inductor":
-        return PassResult(gm, False, {"declined": "codegen='inductor' fuses pointwise ops"})
+    if ctx.codegen.fuses_pointwise:
+        return PassResult.declined_graph(gm, f"codegen='{ctx.codegen}' fuses pointwise ops")
     if not triton_runs_on(ctx.device):
-        return PassResult(gm, False, {"declined": f"Triton cannot run on {ctx.device} "
-                                                  "(CPU without TRITON_INTERPRET=1)"})
+        return PassResult.declined_graph(gm, f"Triton cannot run on {ctx.device} (CPU "
+                                             "without TRITON_INTERPRET=1)")
     stats = _Stats()
     candidates = _candidates(gm.graph, ctx.device, stats)
     for region in _regions(gm.graph, candidates):
         if len(region.nodes) < 2:
-            stats.left_alone["single pointwise op"] += 1
+            stats.verdicts.decline(region.nodes[0].name, "single pointwise op")
             continue
         stats.regions_found += 1
         try:
             program, inputs, outputs = _program(region)
         except Unsupported as exc:
-            stats.left_alone[str(exc)] += 1
+            stats.verdicts.decline(region.nodes[0].name, str(exc))
             continue
         if not ctx.rewrites.allow():
             continue
         _rewrite(gm.graph, region, program, inputs, outputs, stats)
-    return PassResult(gm, stats.regions_fused > 0, stats.as_dict())
+    return PassResult(gm, bool(stats.verdicts.matched), stats.verdicts, stats.as_dict())
 
 
 # ---------------------------------------------------------------------------- candidates
@@ -153,7 +153,7 @@ def _candidates(graph: fx.Graph, device: torch.device, stats: _Stats) -> dict[fx
             found[node] = _candidate(node, device)
         except Unsupported as exc:
             if torch.Tag.pointwise in getattr(node.target, "tags", ()):
-                stats.left_alone[str(exc)] += 1
+                stats.verdicts.decline(node.name, str(exc))
     return found
 
 
@@ -303,7 +303,7 @@ def _rewrite(graph: fx.Graph, region: _Region, program: Program, inputs: list[fx
     try:
         _, generated = get_kernel(program, layout_for(shape, in_strides, out_strides))
     except ValueError as exc:  # a number the generator cannot write in the op's dtype
-        stats.left_alone[str(exc)] += 1
+        stats.verdicts.decline(region.nodes[0].name, str(exc))
         return
     stats.kernels_generated += generated
     stats.kernels_reused += not generated
@@ -326,6 +326,6 @@ def _rewrite(graph: fx.Graph, region: _Region, program: Program, inputs: list[fx
         anchor = node
     for node in reversed(region.nodes):
         graph.erase_node(node)
-    stats.regions_fused += 1
+    stats.verdicts.match("region")
     stats.ops_fused += len(region.nodes)
     log.debug("fuse_elementwise: %s replaces %d ops", fused.__name__, len(region.nodes))

@@ -15,16 +15,16 @@ log-probabilities for backward. Covered: ``ignore_index``, ``label_smoothing``, 
 the gradients), autocast (the op computes the logits in the Linear's dtype and the loss in
 fp32, as eager does).
 
-Declined, with the reason in ``stats["declined"]``: class weights, ``reduction='none'`` and
+Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
 the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
 targets, logits that are not (tokens, vocabulary) at the loss (class dim 1), logits that
 come from something other than a Linear or matmul (or reach the loss through another op),
 a cast to another dtype than fp32 on the way, and fp64 (the op's reductions run in fp32).
 
-Stats: ``matched`` (sites rewritten, by product: ``linear`` / ``matmul``),
-``logits_kept_for_other_users`` (sites whose Linear stays), ``declined`` (reason: count)
-and the plain saved bytes the rewrites remove (``plain_saved_bytes_removed``: the
-log-probabilities, a lower bound of what eager keeps). Default: on under ``memory_budget``
+Verdicts: matched per product (``linear`` / ``matmul``, with "(its logits still made for
+another user)" where the Linear stays), with the plain saved bytes each removes (the
+log-probabilities, a lower bound of what eager keeps; also ``stats[REMOVED_SAVED_BYTES]``);
+declined per loss, with the reason. Default: on under ``memory_budget``
 (or a replayed ``plan``), and under its own flag.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import builtins
 import math
 import operator
-from collections import Counter
 from typing import Any, NamedTuple
 
 import torch
@@ -41,7 +40,7 @@ import torch.fx as fx
 
 from fxopt import _compat
 from fxopt.kernels import linear_cross_entropy as _ops  # noqa: F401  (registers the ops)
-from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult
+from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
 from fxopt.passes.torch_calls import arg, example_tensor, is_call
 
 __all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies"]
@@ -232,27 +231,30 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
     return site.product.graph is graph and bool(site.product.users)
 
 
-def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True) -> dict[str, Any]:
-    """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place; the stats
-    (module doc). ``fxopt plan``'s capture calls it too, so it plans the graphs compiled."""
-    matched, declined, kept, removed = Counter(), Counter(), 0, 0
+def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True
+                                ) -> tuple[Verdicts, int]:
+    """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place: the verdicts
+    (per product kind the sites and the plain saved bytes removed; per loss left, the reason)
+    and how many rewritten sites still make their logits for another user. ``fxopt plan``'s
+    capture calls it too, so it plans the graphs compiled."""
+    verdicts, kept = Verdicts(), 0
     for ce in [n for n in gm.graph.nodes if is_call(n, "cross_entropy")]:
         try:
             site = _match(ce)
         except _Decline as why:
-            declined[str(why)] += 1
+            verdicts.decline(ce.name, str(why))
             continue
         if not allow():
-            declined["rewrite limit"] += 1
             continue
         kind = "linear" if is_call(site.product, "linear") else "matmul"
-        kept += _rewrite(gm.graph, site)
-        matched[kind] += 1
-        removed += site.removed_bytes
-    return {"matched": dict(matched), "logits_kept_for_other_users": kept,
-            "declined": dict(declined), REMOVED_SAVED_BYTES: removed}
+        stays = _rewrite(gm.graph, site)
+        kept += stays
+        verdicts.match(f"{kind} (its logits still made for another user)" if stays else kind,
+                       bytes=site.removed_bytes)
+    return verdicts, kept
 
 
 def fuse_linear_cross_entropy(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-    stats = fuse_linear_cross_entropies(gm, ctx.rewrites.allow)
-    return PassResult(gm, bool(stats["matched"]), stats)
+    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow)
+    removed = sum(m.bytes for m in verdicts.matched.values())
+    return PassResult(gm, bool(verdicts.matched), verdicts, {REMOVED_SAVED_BYTES: removed})

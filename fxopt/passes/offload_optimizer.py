@@ -28,7 +28,7 @@ import torch.fx as fx
 from fxopt.analysis.cost import node_cost
 from fxopt.optim.link import DEFAULT_SUBGROUPS
 from fxopt.optim.model import ParamInfo, plan_offload, split_subgroups
-from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.base import PassContext, PassResult, Verdicts
 from fxopt.planner.hardware import HardwareProfile, profile_for
 
 __all__ = ["offload_optimizer", "gradient_outputs"]
@@ -89,7 +89,7 @@ def offload_optimizer(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     hardware = profile_for(ctx.device)
     gradients = gradient_outputs(gm, hardware)
     if not gradients:
-        return PassResult(gm, False, {"reason": "no floating-point gradients"})
+        return PassResult.declined_graph(gm, "no floating-point gradients")
     infos = [ParamInfo(key=g["input"], numel=g["numel"], itemsize=g["itemsize"],
                        ready_seconds=g["ready_seconds"]) for g in gradients]
     plan = plan_offload(split_subgroups(infos, DEFAULT_SUBGROUPS), hardware,
@@ -98,7 +98,10 @@ def offload_optimizer(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     log.info("fxopt: offload_optimizer on %s: %d gradients, %d subgroups, %.0f%% on the CPU, "
              "predicted optimizer step %.3g ms", ctx.graph_name, len(gradients),
              len(plan.subgroups), 100 * plan.cpu_share, plan.predicted_seconds * 1e3)
-    return PassResult(gm, False, {
+    verdicts = Verdicts()
+    verdicts.match("gradient", count=len(gradients))  # each in the plan's subgroups
+    return PassResult(gm, False, verdicts, {
         "gradients": gradients, "subgroups": len(plan.subgroups),
         "cpu_share": round(plan.cpu_share, 3),
-        "predicted_ms": round(plan.predicted_seconds * 1e3, 4), "plan": plan.to_dict()})
+        "predicted_ms": round(plan.predicted_seconds * 1e3, 4),
+        "host_keeps_up": plan.keeps_up(), "plan": plan.to_dict()})

@@ -53,6 +53,7 @@ from fxopt.analysis.memory import (
     estimate_partitioned_memory,
 )
 from fxopt.analysis.shapes import nbytes, storage_nbytes, tensor_values
+from fxopt.codegen import Codegen, as_codegen
 from fxopt.planner.activations import (
     ActivationChoice,
     ActivationProblem,
@@ -307,7 +308,7 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
 
 
 def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwareProfile, *,
-                 codegen: str = "fx", force_swap: bool = False, name: str = "",
+                 codegen: Codegen | str = "fx", force_swap: bool = False, name: str = "",
                  removed_bytes: int = 0) -> tuple[JointAnalysis, StepProblem]:
     """The one builder of :func:`fxopt.planner.step.plan_step`'s input from a joint graph,
     for the pass and ``fxopt plan`` alike: recompute choices (none under ``force_swap``),
@@ -315,12 +316,13 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
     ops recomputed with their RNG state replayed (both partitioners replay a tagged random
     op: torch's ``functionalize_rng_ops``). ``removed_bytes``: plain autograd's saved bytes
     that rewrites before autograd took out of the graph (a fraction's base keeps them)."""
+    codegen = as_codegen(codegen)
     analysis = analyse_joint(gm, num_fwd_outputs, hardware)
     estimate = analysis.estimate
     activations = build_problem(analysis, estimate.peak_bytes, hardware,
                                 recompute=not force_swap,
                                 swap=hardware.device_type == "cuda" or force_swap,
-                                blocking_offload=codegen == "inductor")
+                                blocking_offload=codegen.blocking_copies)
     saved = dataclasses.replace(
         saved_bytes_problem(analysis, random_ok=True,
                             rng_state_bytes=rng_state_bytes(hardware.device_type)),
@@ -334,7 +336,7 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
 
 
 def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int,
-               codegen: str) -> Callable[[Mapping[str, str]], int]:
+               codegen: Codegen) -> Callable[[Mapping[str, str]], int]:
     """Actions -> the peak of the step they compile to: a copy of ``gm`` with their
     recompute chains tagged, partitioned as the compiler will and simulated
     (:func:`~fxopt.analysis.memory.estimate_partitioned_memory`, what explain shows)."""

@@ -54,6 +54,17 @@ class MemoryProfile:
                    timeline.phases[peak].removeprefix(mark_prefix), top,
                    measured_peak_bytes, timeline, mark_prefix, dict(host_bytes or {}))
 
+    def device_peak_bytes(self, phase: str | None = None) -> int:
+        """The peak of what lives on the profiled device, in the steps' ``phase``
+        ("forward", "backward" or "optimizer"; None: anywhere). On the CPU an offloaded
+        optimizer's host part (``optimizer_state_host``) is in the recorded memory but would
+        be host memory beside an accelerator, so it is left out of every point of the
+        timeline; on CUDA it is not in the totals."""
+        host = self.timeline.bytes["optimizer_state_host"]
+        phases = self.timeline.phases
+        return max((total - host[i] for i, total in enumerate(self.timeline.totals())
+                    if phase is None or phases[i].endswith(":" + phase)), default=0)
+
     def table(self) -> str:
         """The categories at the peak, with shares and the largest allocation sites."""
         lines = [f"memory at the peak of {self.steps} training step(s) on {self.device}: "

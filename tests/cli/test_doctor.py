@@ -2,16 +2,26 @@
 (``gpu`` mark) every check runs and passes. The checks are fxopt.doctor's functions."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch._dynamo.exc import InvalidBackend
 
 import fxopt.compiler
+import fxopt.optim
 import fxopt.testing
-from fxopt import doctor
+from fxopt import doctor, doctor_offload
 from fxopt.__main__ import main
-from fxopt.doctor import CHECKS, Check, _overlap, memory_problems, overlap_problem, run_doctor
+from fxopt.doctor import (
+    CHECKS,
+    Check,
+    _overlap,
+    memory_problems,
+    offload_problems,
+    overlap_problem,
+    run_doctor,
+)
 from fxopt.kernels import triton_runs_on
 
 
@@ -154,13 +164,109 @@ def test_memory_problems_accept_a_falling_peak_predicted_within_the_tolerance():
         "budget 1.0: predicted 0 MiB, measured 0 MiB (+11%, more than 10% off)"]
 
 
-def test_offload_optimizer_fails_when_the_offloaded_steps_differ(monkeypatch, on_any_device):
-    import fxopt.optim
+def _offload_with(fault):
+    """fxopt.optim.offload, the optimizer it returns then given ``fault``."""
+    real = fxopt.optim.offload
 
-    monkeypatch.setattr(fxopt.optim, "offload", lambda optimizer, model, cpu_fraction:
-                        torch.optim.SGD(model.parameters(), lr=1e-2))
+    def offload(*args, **kwargs):
+        optimizer = real(*args, **kwargs)
+        fault(optimizer)
+        return optimizer
+    return offload
+
+
+def test_offload_optimizer_passes_on_the_cpu_with_its_plan_in_the_report(monkeypatch):
+    """For real on the CPU: the same steps as plain AdamW, dropped optimizers die, and the
+    profiler's device peak falls by the host state, the plan's prediction to the byte; the
+    report line carries the plan's summary."""
+    plans = []
+    monkeypatch.setattr(fxopt.optim, "offload", _offload_with(lambda o: plans.append(o.plan)))
     check = _run("offload_optimizer")
-    assert check.status == "failed" and "not close" in check.detail
+    assert check.status == "ok", check.detail
+    assert plans and plans[0].summary() in doctor.format_report([check])
+    assert check.data["dropped optimizers alive"] == 0
+    assert check.data["saving KiB"] == check.data["predicted KiB"] > 0
+    assert check.data["host state KiB"] == check.data["predicted KiB"]
+
+
+def test_offload_optimizer_fails_when_the_offloaded_steps_differ(monkeypatch):
+    """Criterion 1: an offloaded optimizer that steps with twice the learning rate."""
+    monkeypatch.setattr(fxopt.optim, "offload",
+                        _offload_with(lambda o: o.param_groups[0].update(lr=2e-2)))
+    monkeypatch.setattr(doctor_offload, "release_rounds", lambda device: (False, []))
+    check = _run("offload_optimizer")
+    assert check.status == "failed"
+    assert check.detail.startswith("parameters differ from plain AdamW's by up to")
+    assert "(plan: " in check.detail and "of parameters update on the host" in check.detail
+
+
+class _Plan:
+    """An offload plan's figures: 4 KiB of fp32 state (512 parameters, two moments) placed
+    on the host, as the plan predicts."""
+    subgroups = [SimpleNamespace(numel=512, placement="cpu"),
+                 SimpleNamespace(numel=512, placement="gpu")]
+    states_per_param, all_gpu_state_bytes, gpu_state_bytes = 2, 8192, 4096
+
+    def summary(self):
+        return "50% of parameters update on the host"
+
+
+def _sides(saving):
+    """offload_side stubbed: equal parameters, the offloaded peak ``saving`` below."""
+    return lambda device, offloaded: ([torch.zeros(3)], 10**6 - saving * offloaded, _Plan())
+
+
+def test_offload_optimizer_fails_when_a_dropped_optimizer_lives_on(monkeypatch):
+    """Criterion 2 on the CPU: the bug this check guards, a gradient hook closing over the
+    optimizer (a cycle through the autograd engine that gc never collects)."""
+    def hook_over(optimizer):
+        param = optimizer.param_groups[0]["params"][0]
+        param.register_post_accumulate_grad_hook(lambda p, kept=optimizer: None)
+    monkeypatch.setattr(fxopt.optim, "offload", _offload_with(hook_over))
+    monkeypatch.setattr(doctor_offload, "offload_side", _sides(4096))
+    check = _run("offload_optimizer")
+    assert check.status == "failed"
+    assert check.detail == ("a dropped offloaded optimizer is still referenced: it keeps its "
+                            "model and state alive (plan: 50% of parameters update on the "
+                            "host)")
+
+
+def test_offload_optimizer_fails_when_cuda_memory_grows_round_by_round(monkeypatch):
+    """Criterion 2 on CUDA (its allocator's count stubbed): the second round ends 100 KiB
+    above the first."""
+    counts = iter([10**6, 10**6 + 100 * 2**10])
+    monkeypatch.setattr(doctor_offload, "_allocated", lambda device: next(counts, None))
+    monkeypatch.setattr(doctor_offload, "offload_side", _sides(4096))
+    check = _run("offload_optimizer")
+    assert check.status == "failed"
+    assert check.detail.startswith("dropping it left 100.0 KiB more allocated after round 2 "
+                                   "than after round 1 (slack 4 KiB)")
+    assert check.data["allocated after each round"] == [10**6, 10**6 + 100 * 2**10]
+
+
+@pytest.mark.parametrize("saving, problem", [
+    (3000, "the device peak fell by 2.9 KiB, below 90% of the 4.0 KiB of state placed on "
+           "the host; the device peak fell by 2.9 KiB, the plan predicted 4.0 KiB (more "
+           "than 5% off)"),
+    (4600, "the device peak fell by 4.5 KiB, the plan predicted 4.0 KiB (more than 5% off)")])
+def test_offload_optimizer_fails_when_the_device_keeps_the_host_state(
+        monkeypatch, saving, problem):
+    """Criterion 3 (measured peaks stubbed): the device peak falls by less than 90% of the
+    host state, or by more than 5% off the plan's prediction."""
+    monkeypatch.setattr(doctor_offload, "offload_side", _sides(saving))
+    monkeypatch.setattr(doctor_offload, "release_rounds", lambda device: (False, []))
+    check = _run("offload_optimizer")
+    assert check.status == "failed"
+    assert check.detail == problem + " (plan: 50% of parameters update on the host)"
+
+
+def test_offload_problems_accept_the_criteria_met_and_name_a_plan_with_no_host_state():
+    measured = {"close": True, "difference": 0.0, "alive": False, "released": [100, 100],
+                "saving": 4000, "host state": 4096, "predicted": 4096}
+    assert offload_problems(measured) == []
+    assert offload_problems({**measured, "released": [100, 100 + 4096]}) == []  # the slack
+    assert offload_problems({**measured, "saving": 0, "host state": 0, "predicted": 0}) == [
+        "the plan placed no state on the host"]
 
 
 def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
@@ -178,7 +284,7 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
         return model
 
     monkeypatch.setattr(torch, "compile", compile_without_the_entry_point)
-    times = {"eager": [30.0] * 3, "inductor": [10.0, 11.0, 9.0], "fxopt": [10.5] * 3}
+    times = {"eager": [30.0] * 3, "torch.compile": [10.0, 11.0, 9.0], "fxopt": [10.5] * 3}
     monkeypatch.setattr(doctor, "_interleaved_ms", lambda steps, device: times)
     check = _run("speed")
     assert check.status == "ok", check.detail
@@ -186,7 +292,7 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
     times["fxopt"] = [12.0] * 3
     check = _run("speed")
     assert check.status == "failed" and "20% more than Inductor's 10" in check.detail
-    assert check.data == {"eager ms/step": 30.0, "inductor ms/step": 10.0,
+    assert check.data == {"eager ms/step": 30.0, "torch.compile ms/step": 10.0,
                           "fxopt ms/step": 12.0}
 
 

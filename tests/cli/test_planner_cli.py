@@ -92,6 +92,30 @@ def test_the_saved_plan_is_the_one_compilation_builds_and_replays(budget, tmp_pa
     assert all(torch.equal(a, b) for a, b in zip(solved_grads, replayed_grads, strict=True))
 
 
+def test_plan_and_compilation_make_the_same_plan_for_a_fraction_on_the_cpu(monkeypatch,
+                                                                          capsys):
+    """The code generator is resolved from the user's budget, as compilation resolves it:
+    a fraction on the CPU is Inductor's budgeted min-cut for both (issue 31: `fxopt plan`
+    planned for fx code generation with the default options)."""
+    import fxopt.planner.step as step
+
+    made = []
+    real_plan_step = step.plan_step
+    monkeypatch.setattr(step, "plan_step", lambda *a, **k: made.append(real_plan_step(*a, **k))
+                        or made[-1])
+    assert main(["plan", TARGET, "--budget", "0.5", "--points", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "code generation: inductor (auto: under a fraction memory_budget" in out
+    assert "budgeted min-cut meets the fraction" in out
+    (planned,) = made
+    compiled, _ = _compiled_step({"memory_budget": 0.5})
+    assert "partition" in compiled["inductor"]  # compilation took Inductor's min-cut too
+    ignored = {"graph", "planning_seconds"}
+    assert planned.actions and ({k: v for k, v in compiled["plan"].items() if k not in ignored}
+                                == {k: v for k, v in planned.to_dict().items()
+                                    if k not in ignored})
+
+
 def test_a_model_with_a_graph_break_saves_one_plan_file_that_replays_each_graph(tmp_path,
                                                                               capsys):
     plan_path, target = tmp_path / "plan.json", f"{TARGET}:graph_break"

@@ -7,6 +7,7 @@ import torch
 import torch.fx as fx
 
 from fxopt.passes import PassResult, PassSpec, Stage
+from fxopt.passes.base import Verdicts
 
 aten = torch.ops.aten
 
@@ -27,13 +28,16 @@ def split_addmm(gm: fx.GraphModule, ctx) -> PassResult:
         node.replace_all_uses_with(total)
         gm.graph.erase_node(node)
         split.append(node.name)
-    return PassResult(gm, bool(split), {"rewrites": len(split), "plan": {"split": split}})
+    verdicts = Verdicts()
+    if split:
+        verdicts.match("addmm", count=len(split))
+    return PassResult(gm, bool(split), verdicts, stats={"plan": {"split": split}})
 
 
 def plans_only(gm: fx.GraphModule, ctx) -> PassResult:
     """Changes nothing, but reports a plan, as a planner-driven pass would."""
     sizes = {n.name: list(n.meta["val"].shape) for n in gm.graph.find_nodes(op="placeholder")}
-    return PassResult(gm, False, {"plan": {"keep": sorted(sizes), "sizes": sizes}})
+    return PassResult(gm, False, stats={"plan": {"keep": sorted(sizes), "sizes": sizes}})
 
 
 def spec(fn, stage):

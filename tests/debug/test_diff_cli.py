@@ -66,7 +66,8 @@ def test_stat_prints_one_summary_per_pass_with_nodes_kernels_and_memory(mlp_dump
         f"{format_bytes(record.memory_after.peak_bytes)}, plan "
         f"{mlp_dump.dumped(record.graph).split('/')[0]}"
         "/04_forward_forward_split_addmm.plan.json")
-    assert len(lines) == 2
+    assert lines[2] == "  matched addmm=2"  # the pass's verdicts, from the dump's index
+    assert len(lines) == 3
 
 
 def test_graph_and_pass_filters(mlp_dump, capsys):

@@ -89,7 +89,7 @@ def test_repro_runs_the_captured_graph_with_random_inputs(mlp_dump, capsys, monk
 
 def test_unserialisable_plan_is_logged_and_the_graphs_still_dumped(tmp_path, caplog):
     def bad_plan(gm, ctx):
-        return PassResult(gm, False, {"plan": {"solver": object()}})
+        return PassResult(gm, False, stats={"plan": {"solver": object()}})
 
     with extra_passes(spec(bad_plan, Stage.JOINT), SPLIT_ADDMM), caplog.at_level(
             logging.WARNING):

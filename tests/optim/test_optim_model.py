@@ -140,10 +140,44 @@ def test_split_is_contiguous_and_size_balanced():
 
 
 def test_plan_round_trips_through_json():
-    plan = plan_offload(_groups(MB, 2 * MB, MB), H100, gpu_state_budget_bytes=6 * MB)
+    plan = plan_offload(_groups(MB, 2 * MB, MB, ready=1e-3), H100,
+                        gpu_state_budget_bytes=6 * MB, counter_bytes=(0, 4))
     data = json.loads(json.dumps(plan.to_dict()))
     assert OffloadPlan.from_dict(data) == plan
     assert data["cpu_share"] == plan.cpu_share
+    assert plan.counter_bytes == (0, 4) and plan.backward_seconds == 1e-3
+
+
+def test_bytes_per_placement():
+    """Device: the state in the parameter's dtype and its counters; host: fp32 master,
+    its gradient, fp32 state, a staging buffer in the parameter's dtype, counters."""
+    groups = _groups(MB, 3 * MB, itemsize=2)
+    p = simulate(groups, ["gpu", "cpu"], H100, states_per_param=2, counter_bytes=(8, 4))
+    assert p.gpu_state_bytes == MB * 2 * 2 + 8
+    assert p.host_bytes == 3 * MB * (4 * (2 + 2) + 2) + 4
+
+
+def test_on_a_cpu_device_a_budget_never_moves_state_to_the_host():
+    """There the host is the device's memory: a host subgroup costs more than it frees."""
+    groups = _groups(MB, MB)
+    state = simulate(groups, ["gpu", "gpu"], CPU_DEFAULT).gpu_state_bytes
+    assert set(plan_offload(groups, CPU_DEFAULT, gpu_state_budget_bytes=state)
+               .placement_of().values()) == {"gpu"}
+    with pytest.raises(ValueError, match="on a CPU device the host is the device's memory"):
+        plan_offload(groups, CPU_DEFAULT, gpu_state_budget_bytes=state // 2)
+    forced = plan_offload(groups, CPU_DEFAULT, cpu_fraction=1.0)  # forced: testing the path
+    assert forced.gpu_state_bytes + forced.host_bytes > state
+
+
+def test_keeping_up_is_the_host_overhead_against_the_backward():
+    slow = plan_offload(_groups(MB, MB, ready=1e-6), H100, cpu_fraction=1.0)
+    assert slow.host_overhead_seconds > 0.3 * 1e-6 and slow.keeps_up() is False
+    assert "cannot keep up" in slow.summary()
+    fast = plan_offload(_groups(MB, MB, ready=1.0), H100, cpu_fraction=1.0)
+    assert fast.keeps_up() is True and "keeps up" in fast.summary()
+    unknown = plan_offload(_groups(MB, MB), H100, cpu_fraction=1.0)
+    assert unknown.keeps_up() is None and "unknown" in unknown.summary()
+    assert plan_offload(_groups(MB, MB), H100, cpu_fraction=0.0).keeps_up() is True
 
 
 @pytest.mark.parametrize("options, message", [
@@ -153,6 +187,8 @@ def test_plan_round_trips_through_json():
     ({"cpu_fraction": True}, "cpu_fraction"),
     ({"states_per_param": -2}, "states_per_param"),
     ({"contention": 0.5}, "contention"),
+    ({"counter_bytes": (4,)}, "counter_bytes"),
+    ({"counter_bytes": (-1, 4)}, "counter_bytes"),
     ({"cpu_fraction": 0.0, "gpu_state_budget_bytes": 10}, "raise the budget"),
 ])
 def test_bad_arguments_raise_clearly(options, message):

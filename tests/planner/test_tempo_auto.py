@@ -109,7 +109,7 @@ def test_auto_under_a_fraction_meets_it_as_measured_and_says_what_it_took():
     assert saved <= 0.4 * eager * 1.05
     (record,) = backend.graphs[0].pass_records("tempo")
     auto = record.stats["auto"]
-    assert sorted(record.stats["rewritten"]) == sorted(auto["taken"])
+    assert sorted(record.verdicts.matched) == sorted(auto["taken"])
     assert auto["taken"] and record.fired
     assert len(auto["candidates"]) == 4 and auto["reason"].startswith("meets the budget")
 
@@ -121,7 +121,7 @@ def test_auto_leaves_tempo_off_where_it_does_not_pay_and_grads_equal_eager():
                                       tolerances={torch.float32: (0.0, 0.0)})
     (record,) = [r for r in comparison.passes if r.name == "tempo"]
     assert record.stats["auto"]["taken"] == [] and not record.fired
-    assert record.stats["skipped"] == {"gelu: not taken (tempo='auto')": 1}
+    assert record.verdicts.reasons() == {"gelu: not taken (tempo='auto')": 1}
 
 
 def test_explain_shows_the_kinds_taken_and_every_candidate():

@@ -36,4 +36,4 @@ def fuse_rnn(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     rewrite_builtin_cells(rw)
     rewrite_handwritten_lstm(rw)
     rewrite_handwritten_gru(rw)
-    return PassResult(gm, bool(rw.fused), rw.stats())
+    return PassResult(gm, bool(rw.verdicts.matched), rw.verdicts, rw.stats())

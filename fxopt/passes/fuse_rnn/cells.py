@@ -47,26 +47,26 @@ def rewrite_builtin_cells(rw: Rewrite) -> None:
         what = f"{kind}_cell"
         parsed = _builtin_args(cell, kind)
         if parsed is None:
-            rw.decline(what, "unrecognised arguments")
+            rw.decline(what, "unrecognised arguments", cell)
             continue
         x, h, c, w_ih, w_hh, b_ih, b_hh = parsed
         xv, hv, cv, wv, whv = (example_tensor(n) for n in (x, h, c, w_ih, w_hh))
         outs = example_value(cell)
         expected = (outs[0] if isinstance(outs, (tuple, list)) else outs).dtype
         if any(v is None or v.dim() != 2 for v in (xv, hv, cv, wv, whv)):
-            rw.decline(what, "unbatched or non-2D input or state")
+            rw.decline(what, "unbatched or non-2D input or state", cell)
             continue
         if (problem := dtype_problem(xv, hv, cv, wv, whv)) is not None:
-            rw.decline(what, problem)
+            rw.decline(what, problem, cell)
             continue
         if not same_shape(hv, cv):
-            rw.decline(what, "hidden and cell state shapes differ")
+            rw.decline(what, "hidden and cell state shapes differ", cell)
             continue
         proj = torch.promote_types(rw.projection_dtype(cell, xv, wv),
                                    rw.projection_dtype(cell, hv, whv))
         state_dtype = rw.state_dtype_for(cv.dtype, proj, expected)
         if state_dtype is None:
-            rw.decline(what, f"eager returns {expected}, the fused op would not")
+            rw.decline(what, f"eager returns {expected}, the fused op would not", cell)
             continue
         if not rw.ctx.rewrites.allow():
             continue

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 import fxopt.kernels.rnn  # noqa: F401  (registers the fxopt::lstm_cell / gru_cell ops)
-from fxopt.passes.base import PassContext
+from fxopt.passes.base import PassContext, Verdicts
 from fxopt.passes.torch_calls import is_call
 
 PASS = "fuse_rnn"
@@ -75,12 +75,12 @@ def autocast_dtypes(graph: fx.Graph) -> dict[fx.Node, dict[str, torch.dtype]]:
 
 @dataclass
 class Rewrite:
-    """One pass run's shared state: the graph, the context, autocast regions and stats."""
+    """One pass run's shared state: the graph, the context, autocast regions, the verdicts
+    (cells fused per kind, each cell declined and why) and the projections hoisted."""
 
     gm: fx.GraphModule
     ctx: PassContext
-    fused: dict[str, int] = field(default_factory=dict)
-    declined: dict[str, int] = field(default_factory=dict)
+    verdicts: Verdicts = field(default_factory=Verdicts)
     hoisted_projections: int = 0
 
     def __post_init__(self) -> None:
@@ -90,12 +90,11 @@ class Rewrite:
     def graph(self) -> fx.Graph:
         return self.gm.graph
 
-    def decline(self, what: str, reason: str) -> None:
-        key = f"{what}: {reason}"
-        self.declined[key] = self.declined.get(key, 0) + 1
+    def decline(self, what: str, reason: str, site: fx.Node) -> None:
+        self.verdicts.decline(site.name, f"{what}: {reason}")
 
     def count(self, what: str) -> None:
-        self.fused[what] = self.fused.get(what, 0) + 1
+        self.verdicts.match(what)
 
     def projection_dtype(self, at: fx.Node, x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
         """The dtype of ``linear(x, w)`` emitted next to ``at`` (autocast casts GEMMs)."""
@@ -140,6 +139,5 @@ class Rewrite:
         return self.emit(op, a, b, state, bias_a, bias_b, list(order), replaces=replaces)
 
     def stats(self) -> dict[str, Any]:
-        return {"fused": dict(self.fused), "declined": dict(self.declined),
-                "hoisted_input_projections": self.hoisted_projections}
+        return {"hoisted_input_projections": self.hoisted_projections}
 

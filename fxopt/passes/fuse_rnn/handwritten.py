@@ -107,7 +107,7 @@ def rewrite_handwritten_lstm(rw: Rewrite) -> None:
         except NotACell:
             continue
         except NoMatch as why:
-            rw.decline(WHAT, str(why))
+            rw.decline(WHAT, str(why), chunk)
             continue
         if not rw.ctx.rewrites.allow():
             continue

@@ -127,7 +127,7 @@ def rewrite_handwritten_gru(rw: Rewrite) -> None:
         except NotACell:
             continue  # also the hidden side: matched (or declined) from the input side
         except NoMatch as why:
-            rw.decline(WHAT, str(why))
+            rw.decline(WHAT, str(why), chunk)
             continue
         if not rw.ctx.rewrites.allow():
             continue

@@ -2,8 +2,8 @@
 
 A matcher follows a cell's algebra forward from the split of its gates (``chunk(k, -1)``).
 It raises :class:`NotACell` for a split that is no cell at all (an attention head split),
-which is not worth a line in the stats, and :class:`NoMatch` with the reason for a cell it
-cannot fuse, which the pass counts.
+which is not worth a decline, and :class:`NoMatch` with the reason for a cell it cannot
+fuse, which the pass records as one (its verdicts).
 """
 
 from __future__ import annotations

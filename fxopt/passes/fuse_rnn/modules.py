@@ -143,4 +143,4 @@ def rewrite_modules(rw: Rewrite) -> None:
         try:
             _rewrite_one(rw, node, kind)
         except _Decline as why:
-            rw.decline(f"{kind}_module", str(why))
+            rw.decline(f"{kind}_module", str(why), node)

@@ -40,8 +40,9 @@ import torch.fx as fx
 
 from fxopt import _compat
 from fxopt.analysis import estimate_partitioned_memory
+from fxopt.codegen import Codegen
 from fxopt.config import MemoryBudget
-from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult
+from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
 from fxopt.passes.swap_recompute.apply import (
     SWAP_OPS,
     apply_decision,
@@ -63,10 +64,10 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     budget = ctx.options.memory_budget
     saved_plans = load_plans(ctx.options.plan) if ctx.options.plan is not None else None
     if budget is None and saved_plans is None:
-        return PassResult(gm, False, {"reason": "no memory_budget set: nothing to bound"})
+        return PassResult.declined_graph(gm, "no memory_budget set: nothing to bound")
     profile = profile_for(ctx.device)
     analysis, problem = step_problem(gm, ctx.facts["num_fwd_outputs"], profile,
-                                     codegen=ctx.options.codegen,
+                                     codegen=ctx.codegen,
                                      force_swap=ctx.options.force_swap, name=ctx.graph_name,
                                      removed_bytes=ctx.facts.get(REMOVED_SAVED_BYTES, 0))
     ledger = ctx.budget_ledger  # its graphs so far: this graph's place in the model
@@ -88,14 +89,13 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         gm.meta[_compat.PARTITION_SEARCH] = BudgetedMinCut(
             plan.extra["fraction"], plan.budget_bytes, tuple(plan.extra["tagged"]),
             stats["inductor"], ledger, plain_fits=not plan.actions)
-        return PassResult(gm, True, stats)
+        return PassResult(gm, True, _verdicts(plan), stats)
     if plan.actions:
-        predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"],
-                          ctx.options.codegen)
+        predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"], ctx.codegen)
     if not plan.actions:
         stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
         stats["fits"] = plan.feasible
-        return PassResult(gm, False, stats)
+        return PassResult(gm, False, _verdicts(plan), stats)
     if fraction:
         changed = _tag_chains(gm, plan, ctx) > 0
     else:
@@ -104,11 +104,11 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         changed = bool(applied)
     stats = _fraction_stats(plan) if fraction else _peak_stats(budget, problem, plan)
     stats["plan"] = plan.to_dict()  # in the report and the debug dump, loadable by `plan`
-    return PassResult(gm, changed, stats)
+    return PassResult(gm, changed, _verdicts(plan), stats)
 
 
 def predict_plan_peak(plan: Plan, gm: fx.GraphModule, analysis: JointAnalysis,
-                      num_fwd_outputs: int, codegen: str) -> None:
+                      num_fwd_outputs: int, codegen: Codegen | str) -> None:
     """Set ``plan``'s predicted peak to the compiled step's simulation, the one explain
     shows: a copy of the joint graph ``gm`` with the plan's recompute tags, partitioned as
     the compiler will (:func:`~fxopt.analysis.estimate_partitioned_memory`). The solver's
@@ -133,7 +133,7 @@ def predict_plan_peak(plan: Plan, gm: fx.GraphModule, analysis: JointAnalysis,
 def partitions_by_min_cut(ctx: PassContext) -> bool:
     """Whether a fraction is met by Inductor's budgeted min-cut (:mod:`.inductor_budget`):
     under Inductor code generation, which fuses what min-cut recomputes."""
-    return ctx.options.codegen == "inductor"
+    return ctx.codegen.partitions_by_min_cut
 
 
 def _tag_chains(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> int:
@@ -151,6 +151,16 @@ def _tag_chains(gm: fx.GraphModule, plan: Plan, ctx: PassContext) -> int:
     return tagged
 
 
+def _verdicts(plan: Plan) -> Verdicts:
+    """The plan's saved tensors not kept, per action (recompute, swap): how many and their
+    bytes."""
+    verdicts = Verdicts()
+    rows = {row["tensor"]: row["bytes"] for row in plan.extra.get("tensors", ())}
+    for name, action in plan.actions.items():
+        verdicts.match(action, bytes=rows.get(name, 0))
+    return verdicts
+
+
 def _fraction_stats(plan: Plan) -> dict[str, object]:
     p = plan.predictions
     plain = max(int(p["plain_saved_bytes"]), 1)
@@ -162,7 +172,6 @@ def _fraction_stats(plan: Plan) -> dict[str, object]:
         "floor_bytes": p["floor_saved_bytes"],
         "floor_fraction": round(p["floor_saved_bytes"] / plain, 4),
         "feasible": plan.feasible, "solver": plan.solver,
-        "recompute": len(plan.actions), "swap": 0,
         "recompute_nodes": len(plan.extra["tagged"]),
         "added_ms": round(p["added_seconds"] * 1e3, 4),
         **({"share_bytes": plan.budget_bytes,
@@ -175,13 +184,11 @@ def _fraction_stats(plan: Plan) -> dict[str, object]:
 
 def _peak_stats(budget: MemoryBudget | None, problem: StepProblem, plan: Plan
                 ) -> dict[str, object]:
-    counts = {a: sum(1 for v in plan.actions.values() if v == a) for a in ("recompute", "swap")}
     return {
         "budget": str(budget if budget is not None else f"{plan.budget_bytes} bytes"),
         "budget_bytes": plan.budget_bytes,
         "peak_before": problem.keep_all_peak_bytes, "peak_after": plan.predictions["peak_bytes"],
         "feasible": plan.feasible, "solver": plan.solver,
-        "recompute": counts["recompute"], "swap": counts["swap"],
         "kept": len(problem.activations.activations) - len(plan.actions),
         "added_ms": round(plan.predictions["added_seconds"] * 1e3, 4),
     }

@@ -71,7 +71,7 @@ def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: Activat
         else:
             start_step = choices[name].choice("swap").window[1]
             _insert_swap(gm, analysis, node, by_step[start_step], ctx.device,
-                         blocking=ctx.options.codegen == "inductor")
+                         blocking=ctx.codegen.blocking_copies)
     return applied
 
 

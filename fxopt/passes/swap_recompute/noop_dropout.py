@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.base import PassContext, PassResult, Verdicts
 from fxopt.passes.torch_calls import arg, is_call
 
 __all__ = ["drop_noop_dropouts", "noop_dropout", "returns_input"]
@@ -55,4 +55,7 @@ def drop_noop_dropouts(gm: fx.GraphModule, allow: Callable[[], bool] = lambda: T
 
 def noop_dropout(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     removed = drop_noop_dropouts(gm, ctx.rewrites.allow)
-    return PassResult(gm, removed > 0, {"dropouts_removed": removed})
+    verdicts = Verdicts()
+    if removed:
+        verdicts.match("noop_dropout", count=removed)
+    return PassResult(gm, removed > 0, verdicts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from fxopt.passes.base import PassContext, PassResult
+from fxopt.passes.base import PassContext, PassResult, Verdicts
 from fxopt.passes.swap_recompute.apply import place_prefetches
 
 __all__ = ["swap_prefetch"]
@@ -20,4 +20,7 @@ __all__ = ["swap_prefetch"]
 
 def swap_prefetch(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     moved = place_prefetches(gm)
-    return PassResult(gm, moved > 0, {"prefetch_starts_moved": moved})
+    verdicts = Verdicts()
+    if moved:
+        verdicts.match("prefetch_start_moved", count=moved)
+    return PassResult(gm, moved > 0, verdicts)

@@ -14,7 +14,7 @@ bound of what the call would have saved (:func:`removed_saved_bytes`, the stat
 ``plain_saved_bytes_removed``), so the fraction stays one of eager's bytes.
 
 Outputs and gradients are eager's to fp32 rounding (the op's doc). Declined, with the reason in
-``stats["declined"]``: packed sequences and unrecognised arguments, inter-layer dropout while
+``verdicts.declined``: packed sequences and unrecognised arguments, inter-layer dropout while
 training (a recompute would draw new masks), autocast regions (eager's dtypes there depend on
 the library path), a result used other than by index, and calls none of whose inputs require
 grad (nothing would be saved). It runs under the ``swap_recompute`` flag (on with a budget),
@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from fxopt import _compat
 from fxopt.kernels.recompute_rnn import zero_state_shapes
-from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult
+from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
 from fxopt.passes.fuse_rnn.graph import autocast_dtypes
 from fxopt.passes.torch_calls import (
     RNN_CALLS,
@@ -110,14 +110,11 @@ def removed_saved_bytes(call: RnnCall) -> int:
     return per_step * directions * steps * batch * xv.element_size()
 
 
-def recompute_whole_rnns(gm: fx.GraphModule, allow=lambda: True) -> tuple[dict, dict, int]:
+def recompute_whole_rnns(gm: fx.GraphModule, allow=lambda: True) -> Verdicts:
     """Replace each ``torch.lstm`` / ``torch.gru`` call of ``gm`` by the recomputing op
-    (those ``allow`` accepts): ({mode: count replaced}, {reason: count declined}, the
-    plain saved bytes they removed, :func:`removed_saved_bytes`). ``fxopt plan``'s capture
-    calls it too, so the graphs it plans are those compiled."""
-    replaced: dict[str, int] = {}
-    declined: dict[str, int] = {}
-    removed = 0
+    (those ``allow`` accepts); the verdicts: per mode the calls replaced and the plain saved
+    bytes they removed (:func:`removed_saved_bytes`), per call left its reason."""
+    verdicts = Verdicts()
     autocast = autocast_dtypes(gm.graph)
     for node in [n for n in gm.graph.nodes
                  if n.op == "call_function" and n.target in RNN_CALLS]:
@@ -125,8 +122,7 @@ def recompute_whole_rnns(gm: fx.GraphModule, allow=lambda: True) -> tuple[dict, 
         try:
             arguments, call = _arguments(node, bool(autocast.get(node)))
         except _Decline as why:
-            key = f"{mode}: {why}"
-            declined[key] = declined.get(key, 0) + 1
+            verdicts.decline(node.name, f"{mode}: {why}")
             continue
         if not allow():
             continue
@@ -139,12 +135,11 @@ def recompute_whole_rnns(gm: fx.GraphModule, allow=lambda: True) -> tuple[dict, 
         for state in call.states:
             if not state.users:  # the module's zero states, made inside the op now
                 gm.graph.erase_node(state)
-        replaced[mode] = replaced.get(mode, 0) + 1
-        removed += removed_saved_bytes(call)
-    return replaced, declined, removed
+        verdicts.match(mode, bytes=removed_saved_bytes(call))
+    return verdicts
 
 
 def recompute_rnn(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-    replaced, declined, removed = recompute_whole_rnns(gm, ctx.rewrites.allow)
-    return PassResult(gm, bool(replaced), {"recomputed": replaced, "declined": declined,
-                                           REMOVED_SAVED_BYTES: removed})
+    verdicts = recompute_whole_rnns(gm, ctx.rewrites.allow)
+    removed = sum(m.bytes for m in verdicts.matched.values())
+    return PassResult(gm, bool(verdicts.matched), verdicts, {REMOVED_SAVED_BYTES: removed})

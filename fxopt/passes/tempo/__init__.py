@@ -23,7 +23,6 @@ memory that the user opts into.
 from __future__ import annotations
 
 import operator
-from collections import Counter
 from typing import Any
 
 import torch.fx as fx
@@ -31,7 +30,7 @@ import torch.fx as fx
 from fxopt._compat import tree_leaves
 from fxopt.kernels import tempo as _tempo_ops  # noqa: F401  (registers the ops)
 from fxopt.kernels.tempo.fusible import fusible_form
-from fxopt.passes.base import PassContext, PassResult, RewriteCounter
+from fxopt.passes.base import PassContext, PassResult, RewriteCounter, Verdicts
 from fxopt.passes.tempo.graph import kept_by_neighbour
 from fxopt.passes.tempo.sites import MATCHERS, Site
 
@@ -48,21 +47,20 @@ def tempo(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
 
         auto = choose_sites(gm, ctx)
         kinds = set(auto["taken"])
-    fusible = ctx.options.codegen == "inductor"
-    stats = rewrite_sites(gm, ctx.rewrites, kinds, fusible=fusible)
-    stats["form"] = "fusible" if fusible else "custom_ops"
+    fusible = ctx.codegen.fuses_pointwise
+    verdicts = rewrite_sites(gm, ctx.rewrites, kinds, fusible=fusible)
+    stats: dict[str, Any] = {"form": "fusible" if fusible else "custom_ops"}
     if auto is not None:
         stats["auto"] = auto
-    return PassResult(gm, bool(stats["rewritten"]), stats)
+    return PassResult(gm, bool(verdicts.matched), verdicts, stats)
 
 
 def rewrite_sites(gm: fx.GraphModule, rewrites: RewriteCounter,
-                  kinds: set[str] | None = None, *, fusible: bool = False
-                  ) -> dict[str, dict[str, int]]:
+                  kinds: set[str] | None = None, *, fusible: bool = False) -> Verdicts:
     """Rewrite the sites of ``kinds`` (None: every kind) that save memory, in place, by the
-    custom ops or (``fusible``) their aten-only forms; the stats: per kind the sites
-    rewritten and bytes removed, per reason the sites left."""
-    rewritten, removed, skipped = Counter(), Counter(), Counter()
+    custom ops or (``fusible``) their aten-only forms; the verdicts: per kind the sites
+    rewritten and the saved bytes they remove, per site left its reason."""
+    verdicts = Verdicts()
     for node in list(gm.graph.nodes):
         if node.graph is not gm.graph:  # erased by an earlier rewrite
             continue
@@ -75,13 +73,11 @@ def rewrite_sites(gm: fx.GraphModule, rewrites: RewriteCounter,
         if reason is None and not rewrites.allow():
             reason = "rewrite limit"
         if reason is not None:
-            skipped[reason] += 1
+            verdicts.decline(node.name, reason)
             continue
         _rewrite(gm.graph, site, fusible_form(site.op, site.args) if fusible else site.op)
-        rewritten[site.kind] += 1
-        removed[site.kind] += site.bytes_removed
-    return {"rewritten": dict(rewritten), "bytes_removed": dict(removed),
-            "skipped": dict(skipped)}
+        verdicts.match(site.kind, bytes=site.bytes_removed)
+    return verdicts
 
 
 def _refusal(site: Site) -> str | None:

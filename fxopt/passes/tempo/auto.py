@@ -32,6 +32,7 @@ from typing import Any
 from torch import fx
 
 from fxopt import _compat
+from fxopt.codegen import Codegen, as_codegen
 from fxopt.passes.base import PassContext, RewriteCounter
 from fxopt.planner import profile_for
 from fxopt.planner.joint import step_problem
@@ -49,7 +50,7 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
-                inductor: bool = False) -> tuple[fx.GraphModule, int]:
+                codegen: Codegen | str = "fx") -> tuple[fx.GraphModule, int]:
     """The joint graph AOTAutograd builds for ``gm`` (a copy is traced) and its number of
     forward outputs, with compilation's flags; nothing is compiled or run."""
     found: list[tuple[fx.GraphModule, int]] = []
@@ -65,7 +66,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 
     aot = _compat.aot_autograd(
         fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition,
-        decompositions=_compat.inductor_decompositions() if inductor else {},
+        decompositions=as_codegen(codegen).decompositions(),
         keep_inference_input_mutations=True)
     aot(_copy(gm), list(example_inputs))
     if not found:
@@ -74,25 +75,25 @@ def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 
 
 def tempo_variants(gm: fx.GraphModule, example_inputs: Sequence[Any], hardware: Any, *,
-                   codegen: str = "fx", name: str = "", kinds: Sequence[str] | None = None
+                   codegen: Codegen | str = "fx", name: str = "", kinds: Sequence[str] | None = None
                    ) -> dict[tuple[str, ...], StepProblem]:
     """Each subset of the tempo site kinds of ``gm`` (``kinds``: those to try, default all
     it has) -> the step problem of ``gm`` with those kinds rewritten (in the form the pass
     uses under ``codegen``: the aten-only one under Inductor)."""
     from fxopt.passes.tempo import rewrite_sites
 
+    codegen = as_codegen(codegen)
     if kinds is None:
         probe = _copy(gm)
-        kinds = sorted(rewrite_sites(probe, RewriteCounter())["rewritten"])
+        kinds = sorted(rewrite_sites(probe, RewriteCounter()).matched)
     variants = {}
     for size in range(len(kinds) + 1):
         for subset in itertools.combinations(sorted(kinds), size):
             variant = _copy(gm)
             if subset:
                 rewrite_sites(variant, RewriteCounter(), set(subset),
-                              fusible=codegen == "inductor")
-            joint, outputs = trace_joint(variant, example_inputs,
-                                         inductor=codegen == "inductor")
+                              fusible=codegen.fuses_pointwise)
+            joint, outputs = trace_joint(variant, example_inputs, codegen=codegen)
             variants[subset] = step_problem(joint, outputs, hardware, codegen=codegen,
                                             name=name)[1]
     return variants
@@ -108,12 +109,12 @@ def choose_sites(gm: fx.GraphModule, ctx: PassContext) -> dict[str, Any]:
                          "memory_budget too (e.g. 0.5 or '6GiB')")
     from fxopt.passes.tempo import rewrite_sites
 
-    kinds = sorted(rewrite_sites(_copy(gm), RewriteCounter())["rewritten"])
+    kinds = sorted(rewrite_sites(_copy(gm), RewriteCounter()).matched)
     if not kinds:  # nothing to decide: no trace, no plan
         return {"taken": [], "reason": "no tempo site in this graph", "candidates": [],
                 "seconds": time.perf_counter() - began}
     hardware = profile_for(ctx.device)
-    variants = tempo_variants(gm, ctx.example_inputs, hardware, codegen=options.codegen,
+    variants = tempo_variants(gm, ctx.example_inputs, hardware, codegen=ctx.codegen,
                               name=ctx.graph_name.rsplit("/", 1)[0] + "/joint", kinds=kinds)
     solver = "milp" if options.planner_enabled else "delta"
 

@@ -12,6 +12,7 @@ import fxopt
 from fxopt import config
 from fxopt.kernels import triton_runs_on
 from fxopt.passes import GraphKind, PassContext, Stage
+from fxopt.passes.base import WHOLE_GRAPH
 from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.testing import assert_same_as_eager
 
@@ -21,12 +22,16 @@ pytestmark = pytest.mark.skipif(not triton_runs_on("cpu"),
 ON = {"fuse_elementwise": True, "strict": True}
 
 
-def stats_of(comparison):
-    return [r.stats for r in comparison.passes if r.name == "fuse_elementwise" and r.ran]
+def records_of(comparison):
+    return [r for r in comparison.passes if r.name == "fuse_elementwise" and r.ran]
+
+
+def regions_fused(comparison):
+    return sum(r.verdicts.count for r in records_of(comparison))
 
 
 def total(comparison, key):
-    return sum(s.get(key, 0) for s in stats_of(comparison))
+    return sum(r.stats.get(key, 0) for r in records_of(comparison))
 
 
 def check(fn, *args, **kwargs):
@@ -105,7 +110,7 @@ def test_non_contiguous_and_expanded_inputs():
     expanded = torch.randn(3, 1).expand(3, 37)
     sliced = torch.randn(3, 40)[:, 2:39]
     comparison = check(fn, transposed, expanded, sliced)
-    assert total(comparison, "regions_fused") >= 2
+    assert regions_fused(comparison) >= 2
 
 
 def test_values_used_outside_the_region_are_written():
@@ -116,7 +121,7 @@ def test_values_used_outside_the_region_are_written():
 
     comparison = check(fn, rand(3, 37), rand(3, 37))
     forward = [r for r in comparison.passes if r.graph.endswith("forward")]
-    assert forward[0].stats["regions_fused"] >= 1
+    assert forward[0].verdicts.count >= 1
 
 
 def test_transformer_block_trains_like_eager_and_reuses_kernels():
@@ -156,21 +161,22 @@ def test_explain_shows_the_pass_and_its_stats():
     rows = [line for line in str(report).splitlines()
             if "fuse_elementwise" in line and not line.startswith("options")
             and "code generation:" not in line]  # auto's reason names the pass too
-    assert len(rows) == 2 and all("changed" in r and "regions_fused=1" in r for r in rows)
+    assert len(rows) == 2 and all("changed" in r and "matched region=1" in r for r in rows)
 
 
 def test_dynamic_shapes_are_left_alone_with_a_reason():
     comparison = assert_same_as_eager(lambda x: torch.sigmoid(x * 2) + 1, (rand(3, 37),), ON,
                                       dynamic=True)
     assert not comparison.fired("fuse_elementwise")
-    assert any("dynamic shape" in s.get("left_alone", {}) for s in stats_of(comparison))
+    assert any("dynamic shape" in r.verdicts.reasons() for r in records_of(comparison))
 
 
 def test_declines_on_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     comparison = assert_same_as_eager(lambda x: torch.sigmoid(x * 2) + 1, (rand(3, 37),), ON)
     assert not comparison.fired("fuse_elementwise")
-    assert all("TRITON_INTERPRET" in s["declined"] for s in stats_of(comparison))
+    assert all("TRITON_INTERPRET" in d.reason and d.site == WHOLE_GRAPH
+               for r in records_of(comparison) for d in r.verdicts.declined)
 
 
 def _direct(fn, *args, codegen="fx"):
@@ -186,7 +192,7 @@ def _direct(fn, *args, codegen="fx"):
 
 def test_declines_under_inductor_codegen():
     result = _direct(lambda x: torch.sigmoid(x * 2), torch.randn(3, 5), codegen="inductor")
-    assert not result.modified and "inductor" in result.stats["declined"]
+    assert not result.modified and "inductor" in result.verdicts.declined[0].reason
 
 
 def test_no_region_spans_an_in_place_op():
@@ -212,7 +218,7 @@ def test_output_used_before_the_region_ends_splits_it():
 
     x = torch.randn(3, 37)
     result = _direct(fn, x)
-    assert result.stats["regions_fused"] == 2
+    assert result.verdicts.counts() == {"region": 2}
     torch.testing.assert_close(result.graph_module(x), fn(x))
 
 
@@ -224,7 +230,7 @@ def test_outside_users_that_do_not_feed_the_region_move_after_it():
 
     x = torch.randn(3, 37)
     result = _direct(fn, x)
-    assert result.stats["regions_fused"] == 1 and result.stats["ops_fused"] == 5
+    assert result.verdicts.counts() == {"region": 1} and result.stats["ops_fused"] == 5
     torch.testing.assert_close(result.graph_module(x), fn(x))
 
 
@@ -238,7 +244,7 @@ def test_random_ops_are_never_moved():
 
     x = torch.randn(3, 37)
     result = _direct(fn, x)
-    assert result.stats["regions_fused"] == 2
+    assert result.verdicts.counts() == {"region": 2}
     torch.manual_seed(0)
     expected = fn(x)
     torch.manual_seed(0)

@@ -93,7 +93,13 @@ def _inputs(batch_first=False):
 
 def _stats(comparison):
     (record,) = [r for r in comparison.passes if r.name == "fuse_rnn"]
-    return record.stats
+    return _verdicts(record)
+
+
+def _verdicts(result):
+    """fuse_rnn's verdicts as counts: per kind fused, per reason declined."""
+    return {"fused": result.verdicts.counts(), "declined": result.verdicts.reasons(),
+            "hoisted_input_projections": result.stats["hoisted_input_projections"]}
 
 
 @pytest.mark.parametrize("kind,batch_first", [("lstm", False), ("gru", True)])
@@ -291,14 +297,14 @@ def test_declines_rnn_modules_under_autocast():
 
     result = _pass_on_captured_graph(run, _inputs()[0])
     assert not result.modified
-    assert result.stats["declined"] == {"lstm_module: inside an autocast region (eager's "
+    assert _verdicts(result)["declined"] == {"lstm_module: inside an autocast region (eager's "
                                         "dtypes depend on the oneDNN or cuDNN path)": 1}
 
 
 def test_declines_inter_layer_dropout_while_training():
     result = _pass_on_captured_graph(nn.GRU(IN, H, num_layers=2, dropout=0.3), _inputs()[0])
     assert not result.modified
-    assert result.stats["declined"] == {"gru_module: inter-layer dropout while training": 1}
+    assert _verdicts(result)["declined"] == {"gru_module: inter-layer dropout while training": 1}
 
 
 def test_declines_float64():

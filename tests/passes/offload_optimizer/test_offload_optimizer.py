@@ -41,6 +41,11 @@ def test_fires_without_changing_the_graph_and_records_every_gradient():
     plan = OffloadPlan.from_dict(record.stats["plan"])
     assert sorted(k for s in plan.subgroups for k in s.params) == sorted(
         g["input"] for g in gradients)
+    # the backward's length (a lower bound: the first subgroup's last gradient's time
+    # left) is what the host's overhead is held against; all on the device, the host has
+    # nothing to keep up with
+    assert 0 < plan.backward_seconds <= max(remaining)
+    assert record.stats["host_keeps_up"] is True and plan.keeps_up() is True
 
 
 def test_explain_and_the_debug_dump_show_the_plan(tmp_path):

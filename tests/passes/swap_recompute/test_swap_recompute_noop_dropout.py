@@ -29,7 +29,7 @@ class Attention(nn.Module):
 
 
 def _removed(comparison) -> int:
-    return sum(r.stats.get("dropouts_removed", 0) for r in comparison.passes
+    return sum(r.verdicts.count for r in comparison.passes
                if r.name == "noop_dropout")
 
 

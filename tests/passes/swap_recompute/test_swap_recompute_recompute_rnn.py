@@ -156,10 +156,10 @@ def _tokens() -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, 29, (3, 11), generator=generator))
 
 
-def _pass_stats(comparison) -> dict:
+def _pass_verdicts(comparison):
     records = [r for r in comparison.passes if r.name == "recompute_rnn"]
     assert records, "recompute_rnn did not run"
-    return records[0].stats
+    return records[0].verdicts
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
@@ -170,7 +170,7 @@ def test_budget_recomputes_the_whole_call_with_eager_gradients(mode):
         # fp32 tolerance: the forward's inference kernel rounds its last bits differently
         comparison = assert_same_as_eager(model, (ids, labels), options, steps=2)
         assert comparison.fired("recompute_rnn")
-        assert _pass_stats(comparison)["recomputed"] == {mode: 1}
+        assert _pass_verdicts(comparison).counts() == {mode: 1}
         calls = [n for g in comparison.graphs for n in g.graphs["dynamo"].graph.nodes
                  if n.target is torch.ops.fxopt.recompute_rnn.default]
         assert len(calls) == 1 and calls[0].args[1] == []  # the module's zeros: made inside
@@ -230,7 +230,7 @@ def test_inter_layer_dropout_while_training_is_declined():
         torch.compile(model, backend=backend)(ids, labels).backward()
     records = [r for g in backend.graphs for r in g.pass_records("recompute_rnn")]
     assert records and not any(r.fired for r in records)
-    assert records[0].stats["declined"] == {
+    assert records[0].verdicts.reasons() == {
         "lstm: inter-layer dropout while training (a recompute would draw new masks)": 1}
 
 
@@ -256,6 +256,6 @@ def test_fraction_base_keeps_a_lower_bound_of_the_calls_plain_bytes(mode):
             call = measure_saved_bytes(lambda: model.rnn(embedded),
                                        exclude=[embedded, *model.rnn.parameters()]).bytes
         assert removed[0] <= call
-    swap = [r.stats for g in backend.graphs for r in g.pass_records("swap_recompute")]
-    assert swap and all(s.get("fits") and s["recompute"] == 0 for s in swap), swap
+    swap = [r for g in backend.graphs for r in g.pass_records("swap_recompute")]
+    assert swap and all(r.stats.get("fits") and not r.verdicts.matched for r in swap), swap
     assert kept <= 0.5 * measure_saved_bytes(lambda: model(ids, labels), exclude=params).bytes
