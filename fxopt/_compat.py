@@ -28,8 +28,8 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
-    "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition", "dynamo_reset",
-    "dynamo_traces_rnn",
+    "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition",
+    "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_compile", "inductor_decompositions",
     "inductor_graph_context", "inductor_inference_passes", "inductor_partition",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
@@ -377,6 +377,17 @@ def dynamo_reset() -> None:
     import torch._dynamo
 
     torch._dynamo.reset()
+
+
+def dynamo_ignoring_functions(functions: set[Callable[..., Any]]) -> Any:
+    """A context (and decorator) in which Dynamo treats ``functions`` (logging calls) as
+    no-ops instead of breaking the graph at them, beside those already ignored. The option
+    is ``ignore_logging_functions`` (torch 2.11's name), ``ignore_logger_methods`` before."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "ignore_logging_functions" if hasattr(dynamo_config, "ignore_logging_functions") \
+        else "ignore_logger_methods"
+    return dynamo_config.patch(name, set(getattr(dynamo_config, name)) | set(functions))
 
 
 def dynamo_allow_rnn() -> Any:

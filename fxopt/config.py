@@ -35,7 +35,8 @@ from fxopt.units import UNITS, format_bytes, parse_bytes
 
 __all__ = ["MODES", "MemoryBudget", "OptionError", "Options", "option_docs", "patch", "resolve"]
 
-PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer")
+PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer",
+              "fuse_linear_cross_entropy")
 CODEGENS = ("auto", "fx", "inductor")
 
 # `torch.compile(mode=...)` presets. torch.compile refuses `mode` and `options` together,
@@ -118,6 +119,9 @@ class Options:
         "doc": "DELTA-style swap or recompute of saved activations"})
     offload_optimizer: bool | None = field(default=None, metadata={
         "doc": "Deep Optimizer States-style optimizer-state offload"})
+    fuse_linear_cross_entropy: bool | None = field(default=None, metadata={
+        "doc": "an LM head's Linear and its cross_entropy as one op that never stores the "
+               "logits (default: on with memory_budget)"})
     memory_budget: MemoryBudget | None = field(default=None, metadata={
         "doc": "a fraction f in (0, 1] or 'N%': keep for backward at most f x the bytes "
                "plain autograd keeps (saved-tensor hooks, parameters excluded; like "

@@ -18,6 +18,7 @@ from fxopt.passes.base import (
     Stage,
 )
 from fxopt.passes.fuse_elementwise import fuse_elementwise
+from fxopt.passes.fuse_linear_cross_entropy import fuse_linear_cross_entropy
 from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.passes.offload_optimizer import offload_optimizer
 from fxopt.passes.swap_recompute import swap_recompute
@@ -69,6 +70,12 @@ PIPELINE: list[PassSpec] = [
                      "CUDA under fuse_rnn='auto'",
         description="whole nn.LSTM/nn.GRU calls that fuse_rnn left run the library's fused "
                     "RNN, saving only their inputs, and run again in the backward"),
+    PassSpec(
+        name="fuse_linear_cross_entropy", flag="fuse_linear_cross_entropy",
+        stages=(Stage.PRE_AUTOGRAD,), run=fuse_linear_cross_entropy, default=_budget_or_plan,
+        default_text="on when memory_budget (or plan) is set",
+        description="cross_entropy(linear(h)) as one op that computes the loss and its "
+                    "gradients block by block, never storing the logits"),
     PassSpec(
         name="swap_recompute", flag="swap_recompute", stages=(Stage.JOINT,),
         run=swap_recompute, default=_budget_or_plan,

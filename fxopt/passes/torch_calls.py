@@ -41,12 +41,14 @@ CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
     "pow": ((operator.pow, torch.pow), ("pow",)),
     "rsqrt": ((torch.rsqrt,), ("rsqrt",)),
     "cast": ((), ("to", "type")),
+    "float_cast": ((), ("float", "double", "half", "bfloat16")),
     # reductions, norms, softmax, dropout
     "mean": ((torch.mean,), ("mean",)),
     "layer_norm": ((F.layer_norm, torch.layer_norm), ()),
     "rms_norm": ((F.rms_norm, torch.rms_norm), ()),
     "softmax": ((F.softmax, torch.softmax), ("softmax",)),
     "dropout": ((F.dropout, torch.dropout), ()),
+    "cross_entropy": ((F.cross_entropy,), ()),
     # products
     "linear": ((_compat.NN_LINEAR, F.linear), ()),
     "matmul": ((torch.matmul, operator.matmul), ("matmul",)),
@@ -66,6 +68,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
     "squeeze": ((torch.squeeze,), ("squeeze",)),
     "t": ((torch.t,), ("t",)),
     "expand": ((), ("expand",)),
+    "contiguous": ((), ("contiguous",)),
 }
 
 

@@ -1,0 +1,260 @@
+"""fuse_linear_cross_entropy: an LM head and its loss that never store the logits, before
+autograd.
+
+In Dynamo's torch-level graph it finds ``F.cross_entropy(logits, labels)`` whose logits are
+a Linear's or a matmul's output, reached through what transformers' ``ForCausalLMLoss``
+and hand-written losses put between them (the upcast ``.float()`` / ``.to(torch.float32)``,
+``view``/``reshape``/``flatten`` to (tokens, vocabulary), ``contiguous``, the old shift's
+``logits[..., :-1, :]``): ``F.linear(h, W, b)``, ``h @ W.T`` / ``h @ W.t()`` /
+``torch.matmul(h, W.transpose(0, 1))`` (+ b). It replaces the loss by
+:func:`fxopt.kernels.linear_cross_entropy.linear_cross_entropy`, given h with the same
+token slicing and flattened to (tokens, hidden), so the graph never makes the logits (unless
+something else uses them: the Linear then stays for that user) nor keeps their
+log-probabilities for backward. Covered: ``ignore_index``, ``label_smoothing``, ``mean`` and
+``sum`` reductions, a bias, tied embeddings (W a parameter used elsewhere too: autograd adds
+the gradients), autocast (the op computes the logits in the Linear's dtype and the loss in
+fp32, as eager does).
+
+Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
+the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
+targets, logits that are not (tokens, vocabulary) at the loss (class dim 1), logits that
+come from something other than a Linear or matmul (or reach the loss through another op),
+a cast to another dtype than fp32 on the way, and fp64 (the op's reductions run in fp32).
+
+Verdicts: matched per product (``linear`` / ``matmul``, with "(its logits still made for
+another user)" where the Linear stays), with the plain saved bytes each removes (the
+log-probabilities, a lower bound of what eager keeps; also ``stats[REMOVED_SAVED_BYTES]``);
+declined per loss, with the reason. Default: on under ``memory_budget``
+(or a replayed ``plan``), and under its own flag.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+from typing import Any, NamedTuple
+
+import torch
+import torch.fx as fx
+
+from fxopt import _compat
+from fxopt.kernels import linear_cross_entropy as _ops  # noqa: F401  (registers the ops)
+from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
+from fxopt.passes.torch_calls import arg, example_tensor, is_call
+
+__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies"]
+
+PASS = "fuse_linear_cross_entropy"
+_RESHAPES = ("view", "reshape", "flatten", "contiguous")
+_TRANSPOSES = ("t", "transpose", "permute")
+
+
+class _Decline(Exception):
+    pass
+
+
+class _Site(NamedTuple):
+    ce: fx.Node
+    product: fx.Node           # the Linear or matmul whose output the logits are
+    chain: list[fx.Node]       # the nodes from the product's consumer to the loss's input
+    h: fx.Node
+    weight: fx.Node
+    transpose_weight: bool     # the matmul's right operand is W.T, not a view of W: use .t()
+    bias: fx.Node | None
+    token_indices: list[Any]   # the logits' basic indexing on token dims, in order
+    arguments: tuple[Any, ...]  # labels, ignore_index, label_smoothing, reduction
+    compute_dtype: torch.dtype
+    out_dtype: torch.dtype
+    removed_bytes: int
+
+
+def _constant_arguments(ce: fx.Node) -> tuple[fx.Node, int, float, str]:
+    weight = arg(ce, 2, "weight")
+    if weight is not None:
+        raise _Decline("class weights")
+    if arg(ce, 3, "size_average") is not None or arg(ce, 5, "reduce") is not None:
+        raise _Decline("deprecated size_average/reduce arguments")
+    ignore_index, reduction = arg(ce, 4, "ignore_index", -100), arg(ce, 6, "reduction", "mean")
+    smoothing = arg(ce, 7, "label_smoothing", 0.0)
+    if type(ignore_index) is not int or not isinstance(reduction, str) or \
+            not isinstance(smoothing, (int, float)) or isinstance(smoothing, bool):
+        raise _Decline("an argument that is not a constant")
+    if reduction not in _ops.REDUCTIONS:
+        raise _Decline(f"reduction={reduction!r}")
+    return arg(ce, 1, "target"), ignore_index, float(smoothing), reduction
+
+
+def _token_index(node: fx.Node, vocab: Any) -> Any:
+    """The index of ``logits[index]`` when it slices token dims only (basic indexing that
+    leaves the last dim whole), else None."""
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return None
+    index = node.args[1]
+    items = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or type(i) is int or (
+            isinstance(i, slice) and all(v is None or type(v) is int
+                                         for v in (i.start, i.stop, i.step))) for i in items):
+        return None
+    source, out = example_tensor(node.args[0]), example_tensor(node)
+    if source is None or out is None or out.shape[-1] != vocab:
+        return None
+    consuming = [i for i in items if i is not None]
+    last = consuming[-1] if consuming else Ellipsis
+    touches_last = Ellipsis not in consuming and len(consuming) == source.dim()
+    if Ellipsis in consuming and last is not Ellipsis:
+        touches_last = True
+    if touches_last and last != slice(None, None, None):
+        return None
+    return index
+
+
+def _weight_of(right: Any) -> tuple[Any, bool]:
+    """(W, whether W must be transposed) for a matmul's right operand ``W.T`` (W: V x H)."""
+    if isinstance(right, fx.Node) and right.op == "call_function" and \
+            right.target is builtins.getattr and right.args[1] in ("T", "mT"):
+        return right.args[0], False
+    if is_call(right, *_TRANSPOSES) and example_tensor(right) is not None and \
+            example_tensor(right).dim() == 2:
+        dims = _flat(right.args[1:])
+        if is_call(right, "t") or (all(type(d) is int for d in dims) and len(dims) == 2
+                                   and {d % 2 for d in dims} == {0, 1}):
+            return right.args[0], False
+    return right, True
+
+
+def _flat(items: Any) -> list[Any]:
+    out = []
+    for item in items:
+        out.extend(_flat(item) if isinstance(item, (tuple, list)) else [item])
+    return out
+
+
+def _match(ce: fx.Node) -> _Site:
+    labels, ignore_index, smoothing, reduction = _constant_arguments(ce)
+    logits, out = ce.args[0], example_tensor(ce)
+    value = example_tensor(logits)
+    if value is None or out is None or value.dim() != 2:
+        raise _Decline("logits that are not (tokens, vocabulary) at the loss")
+    targets = example_tensor(labels)
+    if targets is None or targets.dtype != torch.int64 or targets.dim() != 1:
+        raise _Decline("targets that are not int64 class indices of one dim")
+    vocab = value.shape[-1]
+    chain, indices, node, bias = [], [], logits, None
+    while True:
+        current = example_tensor(node)
+        if is_call(node, "linear"):
+            h, weight, bias = node.args[0], arg(node, 1, "weight"), arg(node, 2, "bias")
+            transpose = False
+            break
+        if is_call(node, "matmul", "mm"):
+            h, (weight, transpose) = node.args[0], _weight_of(node.args[1])
+            break
+        if current is None or current.shape[-1] != vocab:
+            raise _Decline(f"logits reach the loss through {_name(node)}")
+        if is_call(node, "add") and len(node.args) == 2 and is_call(node.args[0], "matmul",
+                                                                      "mm"):
+            candidate = example_tensor(node.args[1])
+            if candidate is None or candidate.dim() != 1 or node.kwargs:
+                raise _Decline("logits reach the loss through an add that is not a bias")
+            bias = node.args[1]
+        elif is_call(node, "float_cast", "cast"):
+            source = example_tensor(node.args[0])
+            if current.dtype != torch.float32:
+                raise _Decline(f"the logits are cast to {current.dtype} before the loss")
+            if source is None or source.device != current.device:
+                raise _Decline("the logits move to another device before the loss")
+        elif is_call(node, *_RESHAPES):
+            source = example_tensor(node.args[0])
+            if source is None or source.shape[-1] != vocab:
+                raise _Decline("a view of the logits that mixes their last dim")
+        elif (index := _token_index(node, vocab)) is not None:
+            indices.insert(0, index)
+        else:
+            raise _Decline(f"logits come from {_name(node)}, not a Linear or matmul")
+        chain.append(node)
+        node = node.args[0]
+    product = example_tensor(node)
+    h_value, w_value = example_tensor(h), example_tensor(weight)
+    if product is None or h_value is None or w_value is None or w_value.dim() != 2 or \
+            h_value.dim() < 2:
+        raise _Decline("a product whose operands are not (..., hidden) and a 2-d weight")
+    rows, columns = reversed(w_value.shape) if transpose else w_value.shape
+    b_value = example_tensor(bias) if bias is not None else None
+    if rows != vocab or columns != h_value.shape[-1] or (bias is not None and (
+            b_value is None or tuple(b_value.shape) != (vocab,))):
+        raise _Decline("a weight or bias whose shape is not the vocabulary's")
+    if torch.float64 in (product.dtype, out.dtype):
+        raise _Decline("fp64 (the op's reductions run in fp32)")
+    removed = math.prod(_compat.size_hint(d, 1) for d in value.shape) * value.element_size()
+    return _Site(ce, node, chain, h, weight, transpose, bias, indices,
+                 (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
+                 removed)
+
+
+def _name(node: Any) -> str:
+    if not isinstance(node, fx.Node):
+        return repr(node)
+    target = node.target if isinstance(node.target, str) else getattr(
+        node.target, "__name__", str(node.target))
+    return f"{node.op} {target}"
+
+
+def _rewrite(graph: fx.Graph, site: _Site) -> bool:
+    """Put the op in place of the loss; erase what no one else uses. Returns whether the
+    product stays (its logits used elsewhere)."""
+    labels, ignore_index, smoothing, reduction = site.arguments
+    with graph.inserting_before(site.ce):
+        h = site.h
+        for index in site.token_indices:
+            h = graph.call_function(operator.getitem, (h, index))
+        rank = example_tensor(site.h).dim()
+        for index in site.token_indices:
+            items = index if isinstance(index, tuple) else (index,)
+            rank += sum(i is None for i in items) - sum(type(i) is int for i in items)
+        if rank > 2:
+            h = graph.call_method("flatten", (h, 0, -2))
+        weight = graph.call_function(torch.t, (site.weight,)) if site.transpose_weight \
+            else site.weight
+        op = graph.call_function(torch.ops.fxopt.linear_cross_entropy.default, (
+            h, weight, site.bias, labels, ignore_index, smoothing, reduction,
+            site.compute_dtype, site.out_dtype, 0))
+        loss = graph.call_function(operator.getitem, (op, 0))
+    replaced = [site.ce, *site.chain, site.product]
+    op.meta["fxopt"] = {"pass": PASS, "replaces": [n.name for n in replaced]}
+    loss.meta["fxopt"] = {"pass": PASS, "replaces": [site.ce.name]}
+    loss.meta["example_value"] = site.ce.meta.get("example_value")
+    site.ce.replace_all_uses_with(loss)
+    for node in replaced:
+        if not node.users:
+            graph.erase_node(node)
+    return site.product.graph is graph and bool(site.product.users)
+
+
+def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True
+                                ) -> tuple[Verdicts, int]:
+    """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place: the verdicts
+    (per product kind the sites and the plain saved bytes removed; per loss left, the reason)
+    and how many rewritten sites still make their logits for another user. ``fxopt plan``'s
+    capture calls it too, so it plans the graphs compiled."""
+    verdicts, kept = Verdicts(), 0
+    for ce in [n for n in gm.graph.nodes if is_call(n, "cross_entropy")]:
+        try:
+            site = _match(ce)
+        except _Decline as why:
+            verdicts.decline(ce.name, str(why))
+            continue
+        if not allow():
+            continue
+        kind = "linear" if is_call(site.product, "linear") else "matmul"
+        stays = _rewrite(gm.graph, site)
+        kept += stays
+        verdicts.match(f"{kind} (its logits still made for another user)" if stays else kind,
+                       bytes=site.removed_bytes)
+    return verdicts, kept
+
+
+def fuse_linear_cross_entropy(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow)
+    removed = sum(m.bytes for m in verdicts.matched.values())
+    return PassResult(gm, bool(verdicts.matched), verdicts, {REMOVED_SAVED_BYTES: removed})

@@ -1,0 +1,158 @@
+"""``fxopt::linear_cross_entropy`` against eager ``cross_entropy(linear(h, W, b))`` with the
+logits stored, and its Triton kernels against their torch references.
+
+Odd shapes (7 tokens x 131 vocabulary, 33 x 1000), blocks narrower than the vocabulary (so
+the running log-sum-exp and the per-block gradients are exercised across blocks), a bias,
+label smoothing, ignored tokens, both reductions. The kernels run under
+``TRITON_INTERPRET=1`` on the CPU, and compile ahead of time for sm_80 and sm_90.
+"""
+
+import pytest
+import torch
+
+from fxopt.kernels import linear_cross_entropy as lce
+from fxopt.kernels import triton_installed, triton_runs_on
+
+SHAPES = [(7, 5, 131), (33, 16, 1000)]
+
+
+def _inputs(tokens, hidden, vocab, bias, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=generator, requires_grad=True)
+    weight = torch.randn(vocab, hidden, generator=generator, requires_grad=True)
+    b = torch.randn(vocab, generator=generator, requires_grad=True) if bias else None
+    labels = torch.randint(0, vocab, (tokens,), generator=generator)
+    labels[::3] = -100
+    return h, weight, b, labels
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_loss_and_gradients_equal_eager_across_blocks(shape, bias, smoothing, reduction):
+    h, weight, b, labels = _inputs(*shape, bias)
+    block_bytes = 4 * shape[0] * 37  # 37 columns a block: blocks that do not divide V
+    assert lce.block_columns(shape[0], shape[2], block_bytes) < shape[2]
+    loss, lse = lce.linear_cross_entropy(h, weight, b, labels, -100, smoothing, reduction,
+                                         torch.float32, torch.float32, block_bytes)
+    expected = lce.reference(h, weight, b, labels, -100, smoothing, reduction)
+    inputs = [t for t in (h, weight, b) if t is not None]
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, torch.logsumexp(h @ weight.T + (0 if b is None else b), 1))
+    for got, want in zip(torch.autograd.grad(3.0 * loss, inputs),
+                         torch.autograd.grad(3.0 * expected, inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_compute_dtype_within_bf16_rounding():
+    """The Linear in bf16 (autocast's), the loss in fp32. The loss equals eager's to fp32
+    rounding: both round the same bf16 logits and then upcast. Gradients: eager rounds the
+    logits' gradient to bf16 before the matmuls (autocast's cast backward) and this op keeps
+    it in fp32, so they differ by up to bf16's rounding, 2**-8 relative, of the largest
+    gradient entry: atol 2**-8 x max, rtol bf16's."""
+    h, weight, b, labels = _inputs(33, 16, 1000, True)
+    loss, _ = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
+                                       torch.bfloat16, torch.float32, 4 * 33 * 300)
+    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", torch.bfloat16)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(loss, (h, weight, b)),
+                         torch.autograd.grad(expected, (h, weight, b))):
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1.6e-2,
+                                   atol=2**-8 * want.abs().max().item())
+
+
+def test_gradients_only_where_wanted():
+    h, weight, b, labels = _inputs(7, 5, 131, True)
+    weight.requires_grad_(False)
+    loss, _ = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.0, "sum", torch.float32,
+                                       torch.float32, 0)
+    dh, db = torch.autograd.grad(loss, (h, b))
+    expected = lce.reference(h, weight, b, labels, reduction="sum")
+    want_dh, want_db = torch.autograd.grad(expected, (h, b))
+    torch.testing.assert_close(dh, want_dh)
+    torch.testing.assert_close(db, want_db)
+    grads = lce.linear_cross_entropy_backward(torch.tensor(1.0), h, weight, b, labels,
+                                              torch.zeros(7), -100, 0.0, "sum",
+                                              torch.float32, 0, False, False, True)
+    assert [g.shape for g in grads] == [b.shape]
+
+
+def test_block_columns_bound_a_block_to_a_64th_of_the_logits():
+    assert lce.block_columns(512, 50257) == 512 * 50257 * 4 // 64 // (512 * 4)
+    assert lce.block_columns(8192, 128256) * 8192 * 4 <= lce.BLOCK_BYTES_CAP
+    assert lce.block_columns(4, 5000) == lce.MIN_BLOCK_COLUMNS  # not narrower than this
+    assert lce.block_columns(4, 100) == 100
+
+
+def test_bad_arguments_raise():
+    h, weight, _, labels = _inputs(7, 5, 131, False)
+    with pytest.raises(ValueError, match="reduction 'none'"):
+        lce.linear_cross_entropy(h, weight, None, labels, -100, 0.0, "none", torch.float32,
+                                 torch.float32, 0)
+    with pytest.raises(ValueError, match="expected h"):
+        lce.linear_cross_entropy(h, weight.T, None, labels, -100, 0.0, "mean", torch.float32,
+                                 torch.float32, 0)
+
+
+# ------------------------------------------------------------------ the Triton kernels
+
+@pytest.mark.skipif(not triton_runs_on("cpu"),
+                    reason="Triton kernels run on the CPU only with TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing):
+    from fxopt.kernels import linear_cross_entropy_triton as kernels
+
+    generator = torch.Generator().manual_seed(1)
+    tokens, vocab, v0 = 7, 131, 40
+    logits = (3 * torch.randn(tokens, vocab + 9, generator=generator)).to(dtype)[:, :vocab]
+    labels = torch.randint(0, 200, (tokens,), generator=generator)
+    labels[2] = -100
+    states = []
+    for fold in (kernels.lse_block, lce.lse_block_reference):
+        state = [torch.full((tokens,), 1.5), torch.full((tokens,), 2.0), torch.ones(tokens),
+                 torch.zeros(tokens)]
+        fold(logits.clone(), labels, v0, *state, bool(smoothing))
+        states.append(state)
+    for got, want in zip(*states):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    lse = torch.randn(tokens, generator=generator) + 5
+    outs = [torch.empty(tokens, vocab), torch.empty(tokens, vocab)]
+    kernels.dlogits_block(logits, outs[0], labels, v0, lse, smoothing, 1000)
+    lce.dlogits_block_reference(logits, outs[1], labels, v0, lse, smoothing, 1000)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-7)
+    hits = ((labels >= v0) & (labels < v0 + vocab)).sum()
+    assert hits >= 2  # target columns inside the block are tested
+
+
+@pytest.mark.skipif(not triton_installed(), reason="needs Triton")
+def test_triton_kernels_compile_for_sm80_and_sm90_without_spills():
+    from fxopt.kernels import aot
+
+    module = "fxopt.kernels.linear_cross_entropy_triton"
+    specs = []
+    for name in ("bf16", "fp32"):
+        specs.append(aot.KernelSpec(
+            f"lce_lse_block {name}",
+            {"z_ptr": f"*{name}", "z_stride": "i32", "labels_ptr": "*i64", "m_ptr": "*fp32",
+             "s_ptr": "*fp32", "sumz_ptr": "*fp32", "target_ptr": "*fp32", "cols": "i32",
+             "v0": "i32", "SMOOTH": "constexpr", "BLOCK": "constexpr"},
+            {"SMOOTH": True, "BLOCK": 1024}, ("z_ptr", "z_stride", "m_ptr", "s_ptr", "cols"), 1024,
+            module=module, attr="_lse_block_kernel"))
+        specs.append(aot.KernelSpec(
+            f"lce_dlogits_block {name}",
+            {"z_ptr": f"*{name}", "z_stride": "i32", "p_ptr": "*fp32", "p_stride": "i32",
+             "labels_ptr": "*i64", "lse_ptr": "*fp32", "cols": "i32", "v0": "i32",
+             "smooth_each": "fp32", "hit": "fp32", "BLOCK": "constexpr"},
+            {"BLOCK": 1024}, ("z_ptr", "z_stride", "p_ptr", "p_stride", "cols"), 1024,
+            module=module, attr="_dlogits_block_kernel"))
+    reports = aot.compile_specs(specs, archs=(80, 90))
+    print("\n" + aot.format_table(reports))
+    assert len(reports) == 8
+    assert [p for r in reports for p in aot.problems(r)] == []
+    # a block whose width is a multiple of 16 is read in 128-bit loads, and the logits'
+    # gradients written in 128-bit stores
+    assert all(128 in r.loads for r in reports)
+    assert all(128 in r.stores for r in reports if "dlogits" in r.label)

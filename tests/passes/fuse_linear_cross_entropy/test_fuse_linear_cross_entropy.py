@@ -1,0 +1,267 @@
+"""fuse_linear_cross_entropy: every spelling it covers fires and trains like eager (loss and
+every gradient); what it declines is declined with its reason; the logits are not kept.
+
+Small heads (hidden 16, vocabulary 97 or 131, odd token counts) under fx code generation,
+one under Inductor; transformers' GPT-2 (behind its logging graph break) and Llama.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxopt.analysis import measure_saved_bytes
+from fxopt.testing import assert_same_as_eager
+
+PASS = "fuse_linear_cross_entropy"
+ON = {PASS: True, "codegen": "fx"}
+V, H = 131, 16
+
+
+def _verdicts(comparison):
+    return [r.verdicts for r in comparison.passes if r.name == PASS]
+
+
+class Head(nn.Module):
+    """A hidden layer and an LM head whose loss is written by ``loss`` (logits -> loss)."""
+
+    def __init__(self, loss, bias=False, tied=False):
+        super().__init__()
+        self.embed = nn.Embedding(V, H)
+        self.body = nn.Linear(H, H)
+        self.head = nn.Linear(H, V, bias=bias)
+        if tied:
+            self.head.weight = self.embed.weight
+        self.loss = loss
+
+    def forward(self, tokens, labels):
+        h = torch.tanh(self.body(self.embed(tokens)))
+        return self.loss(self, h, labels)
+
+
+def _flat_ce(**kw):
+    return lambda m, h, y: F.cross_entropy(m.head(h).view(-1, V), y.view(-1), **kw)
+
+
+def _matmul_ce(m, h, y):  # h @ W.T, hand-written bias, nn.CrossEntropyLoss
+    logits = h @ m.head.weight.T + m.head.bias
+    return nn.CrossEntropyLoss(ignore_index=5)(logits.flatten(0, 1), y.flatten())
+
+
+def _old_shift(m, h, y):  # transformers 4.x ForCausalLMLoss: shift the logits
+    logits = m.head(h).float()
+    shift_logits, shift_labels = logits[..., :-1, :].contiguous(), y[..., 1:].contiguous()
+    return F.cross_entropy(shift_logits.view(-1, V), shift_labels.view(-1), reduction="sum")
+
+
+def _new_shift(m, h, y):  # transformers 5.x: pad the labels with ignore_index and shift them
+    logits = m.head(h).float().view(-1, V)
+    labels = F.pad(y, (0, 1), value=-100)[..., 1:].contiguous().view(-1)
+    return F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.05)
+
+
+def _transpose_matmul(m, h, y):
+    logits = torch.matmul(h, m.head.weight.transpose(0, 1))
+    return F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), reduction="sum",
+                           label_smoothing=0.1)
+
+
+def _labels(batch=3, seq=7, ignored=True):
+    labels = torch.randint(0, V, (batch, seq), generator=torch.Generator().manual_seed(1))
+    if ignored:
+        labels[:, ::4] = -100
+    return labels
+
+
+VARIANTS = {
+    "linear mean": (_flat_ce(), {}),
+    "ignore_index 5, smoothing, sum": (_flat_ce(ignore_index=5, label_smoothing=0.2,
+                                                reduction="sum"), {}),
+    "matmul W.T + bias": (_matmul_ce, {"bias": True}),
+    "transformers 4 shift, upcast": (_old_shift, {}),
+    "transformers 5 shift, smoothing": (_new_shift, {}),
+    "transpose matmul": (_transpose_matmul, {}),
+    "bias": (_flat_ce(), {"bias": True}),
+    "tied embeddings": (_flat_ce(), {"tied": True}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_fires_and_trains_like_eager(variant):
+    loss, kwargs = VARIANTS[variant]
+    torch.manual_seed(0)
+    model = Head(loss, **kwargs)
+    tokens = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(2))
+    labels = _labels()
+    if variant in ("ignore_index 5, smoothing, sum", "matmul W.T + bias"):
+        labels[labels == 5] = 6
+        labels[labels == -100] = 5  # ignored tokens where ignore_index=5
+    comparison = assert_same_as_eager(model, (tokens, labels), ON)
+    assert comparison.fired(PASS), _verdicts(comparison)
+    assert _verdicts(comparison)[0].count == 1
+
+
+def test_autocast_linear_in_bf16_loss_in_fp32():
+    """Under bf16 autocast the head runs in bf16 and the loss in fp32, as eager's. The loss
+    equals eager's to fp32 rounding (both upcast the same bf16 logits); the gradients differ
+    by bf16's rounding: eager rounds the logits' gradient to bf16 before the head's matmuls,
+    the op does not. Hence bf16's tolerance on fp32 gradients (rtol 1.6e-2, atol 1e-2 against
+    gradients of order 0.1)."""
+    class Autocast(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.inner(*args)
+
+    torch.manual_seed(0)
+    model = Autocast(Head(_new_shift))
+    tokens = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(2))
+    comparison = assert_same_as_eager(model, (tokens, _labels()), ON,
+                                      tolerances={torch.float32: (1.6e-2, 1e-2)})
+    assert comparison.fired(PASS)
+    assert comparison.compiled_output.dtype == torch.float32
+
+
+def test_inductor_code_generation():
+    torch.manual_seed(0)
+    model = Head(_new_shift, bias=True)
+    tokens = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(2))
+    comparison = assert_same_as_eager(model, (tokens, _labels()),
+                                      {PASS: True, "codegen": "inductor"})
+    assert comparison.fired(PASS)
+
+
+def test_logits_used_elsewhere_stay_for_that_user():
+    def loss_and_logits(m, h, y):
+        logits = m.head(h)
+        return F.cross_entropy(logits.view(-1, V), y.view(-1)), logits
+
+    torch.manual_seed(0)
+    comparison = assert_same_as_eager(Head(loss_and_logits), (torch.randint(0, V, (3, 7)),
+                                                              _labels()), ON)
+    assert comparison.fired(PASS)
+    assert _verdicts(comparison)[0].counts() == {
+        "linear (its logits still made for another user)": 1}
+
+
+DECLINED = {
+    "class weights": lambda m, h, y: F.cross_entropy(m.head(h).view(-1, V), y.view(-1),
+                                                     weight=torch.ones(V)),
+    "reduction='none'": lambda m, h, y: F.cross_entropy(m.head(h).view(-1, V), y.view(-1),
+                                                        reduction="none").sum(),
+    "logits come from": lambda m, h, y: F.cross_entropy(
+        (m.head(h) * 2).view(-1, V), y.view(-1)),
+    "cast to torch.bfloat16": lambda m, h, y: F.cross_entropy(
+        m.head(h).view(-1, V).bfloat16(), y.view(-1)),
+    "not (tokens, vocabulary)": lambda m, h, y: F.cross_entropy(
+        m.head(h).transpose(1, 2), y),
+}
+
+
+@pytest.mark.parametrize("reason", list(DECLINED))
+def test_declined_with_reason(reason):
+    torch.manual_seed(0)
+    labels = _labels(ignored=False)
+    comparison = assert_same_as_eager(Head(DECLINED[reason]), (torch.randint(0, V, (3, 7)),
+                                                               labels), ON,
+                                      tolerances={torch.bfloat16: (2e-2, 2e-2)})
+    assert not comparison.fired(PASS)
+    (declined,) = _verdicts(comparison)[0].reasons()
+    assert reason in declined
+
+
+def test_fp64_declined():
+    torch.manual_seed(0)
+    comparison = assert_same_as_eager(Head(_flat_ce()).double(),
+                                      (torch.randint(0, V, (3, 7)), _labels()), ON)
+    assert not comparison.fired(PASS)
+    assert "fp64" in next(iter(_verdicts(comparison)[0].reasons()))
+
+
+def test_on_under_memory_budget_and_off_by_default():
+    from fxopt import config, passes
+    from fxopt.passes.base import GraphKind, PassContext, Stage
+
+    spec = passes.get_pass(PASS)
+    for options, on in (({}, False), ({"memory_budget": 0.5}, True),
+                        ({"memory_budget": 0.5, PASS: False}, False), ({PASS: True}, True)):
+        ctx = PassContext(config.resolve(options), Stage.PRE_AUTOGRAD, GraphKind.DYNAMO, "g0",
+                          torch.device("cpu"))
+        assert spec.decide(ctx)[0] is on, options
+
+
+def test_the_loss_keeps_no_logits():
+    """The loss part alone at GPT-2's vocabulary: plain autograd keeps the (tokens x vocab)
+    fp32 log-probabilities; the op keeps h (kept by the Linear anyway), the labels and one
+    float per token."""
+    vocab, hidden, tokens = 50257, 32, 64
+    weight = nn.Parameter(torch.randn(vocab, hidden) * 0.02)
+    h = torch.randn(tokens, hidden, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,))
+
+    def loss(h, labels):
+        return F.cross_entropy(F.linear(h, weight), labels)
+
+    kept = {}
+    for name, options in (("plain", {PASS: False, "codegen": "fx"}), ("fused", ON)):
+        import fxopt
+        torch._dynamo.reset()
+        compiled = torch.compile(loss, backend=fxopt.backend(**options))
+        kept[name] = measure_saved_bytes(lambda fn=compiled: fn(h, labels),
+                                         exclude=[weight, h, labels]).bytes
+    assert kept["plain"] >= tokens * vocab * 4
+    assert kept["fused"] <= tokens * 4 * 2  # lse (and nothing of vocabulary size)
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2():
+    config = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=32, n_layer=1,
+                                     n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _llama():
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2,
+                                      intermediate_size=64, tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(config)
+
+
+class _LossOnly(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, labels):
+        return self.model(ids, labels=labels).loss
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama])
+def test_transformers_causal_lm_loss(build):
+    """GPT-2 (tied embeddings) behind ignore_transformers_logging, whose graph would
+    otherwise break between the head and the loss; Llama with tied embeddings."""
+    from fxopt.graph_breaks import ignore_transformers_logging
+
+    torch.manual_seed(0)
+    model = _LossOnly(build())
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
+    with ignore_transformers_logging():
+        comparison = assert_same_as_eager(model, (ids, ids), ON)
+    assert len(comparison.graphs) == 1
+    assert comparison.fired(PASS)
+
+
+def test_gpt2_logging_break_splits_head_and_loss_without_the_helper():
+    """What ignore_transformers_logging is for: without it GPT-2's graph breaks at
+    transformers' warning_once between the head and the loss, and the pass sees no Linear
+    behind the loss."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (2, 9))
+    comparison = assert_same_as_eager(_LossOnly(_gpt2()), (ids, ids), ON)
+    assert len(comparison.graphs) == 2
+    assert not comparison.fired(PASS)
