@@ -4,6 +4,8 @@ generation where the default would take Inductor on the CPU, and the `gpu` marke
 import pytest
 import torch
 
+import fxopt.codegen
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
@@ -25,27 +27,35 @@ def _no_silent_fallback(request):
         yield
 
 
+# codegen="auto" takes Inductor on the CPU (fxopt/codegen.py), whose compile takes 10-60 s
+# here against fx's 1-5: wherever a test leaves codegen unset it compiles with fx code
+# generation, so the suite stays within its time. The pin sits in the one resolution, so
+# every caller (compilation, `fxopt plan`'s capture, session-scoped fixtures built before
+# any function fixture) sees it. A test of the default as users get it is marked
+# ``default_codegen``; one that names a code generator gets it.
+_PIN_FX_ON_THE_CPU = {"on": True}
+_choose = fxopt.codegen._choose
+
+
+def _fx_on_the_cpu(options, device):
+    name, reason = _choose(options, device)
+    if (_PIN_FX_ON_THE_CPU["on"] and name == "inductor" and options.codegen == "auto"
+            and device.type == "cpu" and options.memory_budget is None
+            and not options.inductor_max_autotune):
+        return "fx", "auto, pinned to fx on the CPU by tests/conftest.py"
+    return name, reason
+
+
+fxopt.codegen._choose = _fx_on_the_cpu
+
+
 @pytest.fixture(autouse=True)
-def _fx_where_the_default_takes_inductor_on_the_cpu(request, monkeypatch):
-    """codegen="auto" takes Inductor on the CPU (fxopt/codegen.py), whose compile takes
-    10-60 s here against fx's 1-5: a test that leaves codegen unset compiles with fx code
-    generation, so the suite stays within its time. A test of the default as users get it
-    is marked ``default_codegen``; one that names a code generator gets it."""
-    if request.node.get_closest_marker("default_codegen"):
-        return
-    import fxopt.compiler
-    from fxopt.codegen import INDUCTOR, Codegen
-
-    resolve = fxopt.compiler.resolve_codegen
-
-    def fx_on_the_cpu(options, device):
-        chosen = resolve(options, device)
-        if (chosen == INDUCTOR and options.codegen == "auto" and device.type == "cpu"
-                and options.memory_budget is None and not options.inductor_max_autotune):
-            return Codegen("fx", "auto, pinned to fx on the CPU by tests/conftest.py")
-        return chosen
-
-    monkeypatch.setattr(fxopt.compiler, "resolve_codegen", fx_on_the_cpu)
+def _fx_where_the_default_takes_inductor_on_the_cpu(request):
+    """Lifts the pin above for a test marked ``default_codegen``."""
+    marked = request.node.get_closest_marker("default_codegen") is not None
+    _PIN_FX_ON_THE_CPU["on"] = not marked
+    yield
+    _PIN_FX_ON_THE_CPU["on"] = True
 
 
 def pytest_collection_modifyitems(config, items):

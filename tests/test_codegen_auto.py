@@ -31,6 +31,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
     ({"memory_budget": "6GiB"}, CPU, "fx"),  # a bound on fx's simulated peak
     ({"memory_budget": 0.5, "force_swap": True}, CPU, "fx"),  # the fx path's swap runtime
 ])
+@pytest.mark.default_codegen  # the resolution itself, unpinned
 def test_auto_picks_by_device_and_an_explicit_choice_wins(options, device, expected):
     chosen = resolve_codegen(config.resolve(options), device)
     assert chosen.name == expected

@@ -34,7 +34,10 @@ CASES = [*(pytest.param(name, 0.5, {}, id=f"{name}-0.5")
 def test_budget_is_met_with_eager_gradients(name, budget, options):
     model, kwargs = reach.build(name, hidden=32, seq=16, batch=2)
     with _compat.dynamo_allow_rnn():
-        pinned = {**options, "codegen": "fx"}  # fxopt's own fraction plan, whatever auto picks
+        # fxopt's own fraction plan, whatever auto picks; the fused LM-head loss (on under a
+        # budget) equals eager to fp32 rounding, not bitwise (its own tests), and the bitwise
+        # claim here is swap_recompute's
+        pinned = {**options, "codegen": "fx", "fuse_linear_cross_entropy": False}
         reference = reach.reference_step(model, kwargs, pinned)
         row = reach.measure(model, kwargs, budget, pinned, reference)
     assert row.infeasible is None, row.infeasible
