@@ -28,13 +28,16 @@ Measured bytes, not timings: the figures are the same on any CPU.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 
 import fxopt
-from fxopt.analysis import measure_saved_bytes
+
+sys.path.insert(0, str(Path(__file__).parent))
+from budget_reach import step as reach_step  # noqa: E402
 
 
 def build(name: str, layers: int, hidden: int, seq: int, batch: int):
@@ -58,18 +61,10 @@ def build(name: str, layers: int, hidden: int, seq: int, batch: int):
 
 
 def step(model, fn, ids, bf16: bool):
-    """(loss, gradients, saved bytes) of one step of ``fn`` (seeded: the same dropout)."""
-    model.zero_grad(set_to_none=True)
-    held = {}
-
-    def forward():
-        with torch.autocast("cpu", torch.bfloat16) if bf16 else contextlib.nullcontext():
-            held["loss"] = fn(input_ids=ids, labels=ids).loss
-    torch.manual_seed(1)
-    saved = measure_saved_bytes(forward, exclude=[*model.parameters(), *model.buffers(), ids])
-    held["loss"].backward()
-    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    return held["loss"].detach(), grads, saved.bytes
+    """(loss, gradients, saved bytes) of one step of ``fn`` on the model's own loss (seeded:
+    the same dropout)."""
+    return reach_step(model, {"input_ids": ids, "labels": ids}, fn,
+                      autocast=torch.bfloat16 if bf16 else None)
 
 
 def _rel(got, want) -> float:

@@ -30,6 +30,7 @@ Measured bytes, not timings: the figures are the same on any CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import warnings
 from dataclasses import dataclass
 
@@ -159,14 +160,18 @@ def loss_of(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
-def step(model, kwargs, fn) -> tuple[torch.Tensor, list[torch.Tensor], int]:
-    """Loss, gradients and saved bytes of one step of ``fn`` (seeded: same dropout masks)."""
+def step(model, kwargs, fn, autocast: torch.dtype | None = None
+         ) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+    """Loss, gradients and saved bytes of one step of ``fn`` (seeded: same dropout masks),
+    its forward under CPU autocast to ``autocast`` where given."""
     model.zero_grad(set_to_none=True)
     owned = [*model.parameters(), *model.buffers(), *kwargs.values()]
     holder = {}
 
     def forward():
-        holder["loss"] = loss_of(fn(**kwargs))
+        with (torch.autocast("cpu", dtype=autocast) if autocast is not None
+              else contextlib.nullcontext()):
+            holder["loss"] = loss_of(fn(**kwargs))
     torch.manual_seed(1)
     saved = measure_saved_bytes(forward, exclude=owned)
     holder["loss"].backward()

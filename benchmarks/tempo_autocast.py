@@ -33,26 +33,15 @@ from pathlib import Path
 import torch
 
 import fxopt
-from fxopt.analysis import measure_saved_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from budget_reach import build, loss_of, suite_size  # noqa: E402
+from budget_reach import build, suite_size  # noqa: E402
+from budget_reach import step as reach_step  # noqa: E402
 
 
 def step(model, kwargs, fn):
     """Loss, gradients and saved bytes of one seeded step of ``fn`` under bf16 autocast."""
-    model.zero_grad(set_to_none=True)
-    owned = [*model.parameters(), *model.buffers(), *kwargs.values()]
-    holder = {}
-
-    def forward():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            holder["loss"] = loss_of(fn(**kwargs))
-    torch.manual_seed(1)
-    saved = measure_saved_bytes(forward, exclude=owned)
-    holder["loss"].backward()
-    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    return holder["loss"].detach(), grads, saved.bytes
+    return reach_step(model, kwargs, fn, autocast=torch.bfloat16)
 
 
 def compiled_step(model, kwargs, options):

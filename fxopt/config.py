@@ -292,33 +292,27 @@ def _parse_rewrite_limit(value: Any) -> Mapping[str, int] | None:
     return dict(value)
 
 
-def _parse_tempo(value: Any) -> bool | str | None:
+# What "auto" means for each pass flag that takes it, in the error for a bad value.
+_AUTO_MEANS = {
+    "tempo": "the planner takes the sites that pay under memory_budget",
+    "fuse_rnn": ("on CUDA, whole nn.LSTM/nn.GRU calls go to cuDNN where the cost model "
+                 "predicts it faster"),
+}
+
+
+def _parse_flag_or_auto(name: str, value: Any) -> bool | str | None:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
-        return _parse_flag("tempo", value, optional=True)
+        return _parse_flag(name, value, optional=True)
     except TypeError:
-        raise TypeError(f"fxopt: option 'tempo' must be True, False, None or 'auto' (the "
-                        f"planner takes the sites that pay under memory_budget), got "
-                        f"{value!r}") from None
-
-
-def _parse_fuse_rnn(value: Any) -> bool | str | None:
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        return _parse_flag("fuse_rnn", value, optional=True)
-    except TypeError:
-        raise TypeError(f"fxopt: option 'fuse_rnn' must be True, False, None or 'auto' (on "
-                        f"CUDA, whole nn.LSTM/nn.GRU calls go to cuDNN where the cost model "
-                        f"predicts it faster), got {value!r}") from None
+        raise TypeError(f"fxopt: option {name!r} must be True, False, None or 'auto' "
+                        f"({_AUTO_MEANS[name]}), got {value!r}") from None
 
 
 def _parse(name: str, value: Any) -> Any:
-    if name == "tempo":
-        return _parse_tempo(value)
-    if name == "fuse_rnn":
-        return _parse_fuse_rnn(value)
+    if name in _AUTO_MEANS:
+        return _parse_flag_or_auto(name, value)
     if name in PASS_FLAGS or name == "planner":
         return _parse_flag(name, value, optional=True)
     if name in ("strict", "inductor_max_autotune", "force_swap"):

@@ -8,6 +8,7 @@ one under Inductor; transformers' GPT-2 (behind its logging graph break) and Lla
 import pytest
 import torch
 import torch.nn.functional as F
+from models import BF16Autocast
 from torch import nn
 
 from fxopt.analysis import measure_saved_bytes
@@ -107,17 +108,8 @@ def test_autocast_linear_in_bf16_loss_in_fp32():
     by bf16's rounding: eager rounds the logits' gradient to bf16 before the head's matmuls,
     the op does not. Hence bf16's tolerance on fp32 gradients (rtol 1.6e-2, atol 1e-2 against
     gradients of order 0.1)."""
-    class Autocast(nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, *args):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return self.inner(*args)
-
     torch.manual_seed(0)
-    model = Autocast(Head(_new_shift))
+    model = BF16Autocast(Head(_new_shift))
     tokens = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(2))
     comparison = assert_same_as_eager(model, (tokens, _labels()), ON,
                                       tolerances={torch.float32: (1.6e-2, 1e-2)})
