@@ -145,7 +145,7 @@ def main() -> None:
                     kept = saved / eager
                     if kept > budget * 1.05:
                         note += " OVER f x 1.05"
-                    used = sorted({g.options.codegen for g in backend.graphs})
+                    used = sorted({str(g.codegen) for g in backend.graphs})  # resolved
                     print(f"{name:<7}{dtype:<6}{codegen + ':' + '+'.join(used):<15}"
                           f"{budget:>5}{len(backend.graphs):>7}{kept:>8.3f}  "
                           f"{_rel([loss], [eager_loss]):>9.1e}{_rel(grads, eager_grads):>9.1e}"

@@ -428,4 +428,5 @@ def saved_bytes_problem(a: JointAnalysis, *, random_ok: bool, rng_state_bytes: i
         "+".join(names), tuple(key(a.candidates[n][0]) for n in names),
         tuple(sorted(n.name for n in chain)), tuple(sorted(stops)))
         for names, chain, stops in groups)
-    return SavedBytesProblem(sizes, tuple(sorted(always)), options, seconds)
+    return SavedBytesProblem(sizes, tuple(sorted(always)), options, seconds,
+                             input_storages=tuple(sorted(activation_inputs & sizes.keys())))

@@ -167,7 +167,8 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
             message += (f"; the floors of the model's {len(ledger.shares) + 1} graphs "
                         f"together are {floors / (ledger.plain_bytes + decision.plain_bytes):.3f}"
                         " of its plain saved bytes")
-        _infeasible(message, "applying the floor's plan", strict)
+        base = decision.plain_bytes + (ledger.plain_bytes if shared else 0)
+        _infeasible(message + _input_floor(saved, base), "applying the floor's plan", strict)
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)
     if ledger is not None:
@@ -178,6 +179,22 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
                                "replan": [ledger.shares[i].graph
                                           for i in sorted(ledger.replan_shares)]}
     return plan
+
+
+def _input_floor(saved: SavedBytesProblem, base_bytes: int) -> str:
+    """What of an infeasible graph's floor is its activation inputs (another graph's
+    outputs, read across a graph break: the logits of a loss graph), as a fraction of the
+    budget's base, and the fix: no plan of either graph can recompute them, one graph can."""
+    inputs = sum(saved.storage_bytes[s] for s in saved.input_storages)
+    if not inputs:
+        return ""
+    return (f"; {inputs} bytes of the floor ({inputs / max(base_bytes, 1):.3f} of the plain "
+            "saved bytes) are inputs another graph made across a graph break (a loss "
+            "graph's logits), kept whatever is recomputed. To go below it, compile the "
+            "model into one graph, where they are recomputed (and the LM head's "
+            "fuse_linear_cross_entropy never stores logits): "
+            "fxopt.ignore_transformers_logging() around the first call removes "
+            "transformers' logging breaks; fxopt.explain names the breaks")
 
 
 def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: HardwareProfile,

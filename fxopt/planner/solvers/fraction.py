@@ -79,6 +79,9 @@ class SavedBytesProblem:
     node_seconds: dict[str, float]       # chain node -> its roofline seconds
     # plain autograd's bytes a rewrite before autograd took out of the graph (recompute_rnn)
     removed_bytes: int = 0
+    # storages that are the graph's activation inputs (another graph's outputs): kept by
+    # every plan that keeps or recomputes from them, whatever it recomputes
+    input_storages: tuple[str, ...] = ()
 
     @property
     def plain_bytes(self) -> int:
