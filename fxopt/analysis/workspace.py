@@ -50,7 +50,7 @@ MEASURED_OPS = frozenset({
     "fxopt::tempo_gelu", "fxopt::tempo_gelu_backward",
     "fxopt::tempo_layer_norm", "fxopt::tempo_layer_norm_backward",
     "fxopt::tempo_layer_norm_cast",
-    "fxopt::tempo_rms_norm", "fxopt::tempo_rms_norm_backward",
+    "fxopt::tempo_rms_norm", "fxopt::tempo_rms_norm_backward", "fxopt::tempo_rms_norm_cast",
     "fxopt::tempo_softmax_dropout_matmul", "fxopt::tempo_softmax_dropout_matmul_backward",
     "fxopt::lstm_cell", "fxopt::lstm_cell_backward",
     "fxopt::gru_cell", "fxopt::gru_cell_backward",

@@ -99,6 +99,7 @@ def is_random(node: fx.Node) -> bool:
 # fuse_elementwise's fused kernels run after the partition and never meet a recompute.
 RECOMPUTABLE_CUSTOM_OPS = frozenset({
     "fxopt::tempo_gelu", "fxopt::tempo_layer_norm", "fxopt::tempo_rms_norm",
+    "fxopt::tempo_layer_norm_cast", "fxopt::tempo_rms_norm_cast",
     "fxopt::tempo_softmax_dropout_matmul", "fxopt::lstm_cell", "fxopt::gru_cell"})
 
 

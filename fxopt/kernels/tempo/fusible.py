@@ -200,6 +200,25 @@ class _RmsNorm(torch.autograd.Function):
         return dx.view(shape).to(dtype), None, _grad_like(dweight, weight), None, None, None
 
 
+class _RmsNormCast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, n, weight, eps, round_before_weight, out_dtype, kept_dtype):
+        y, y_kept, rstd, guard_xhat, guard = _norm.rms_norm_cast_forward(
+            x, n, weight, eps, round_before_weight, out_dtype, kept_dtype)
+        ctx.x_meta = (x.shape, x.dtype)
+        ctx.save_for_backward(y_kept, rstd, guard_xhat, guard, weight)
+        return y, y_kept
+
+    @staticmethod
+    def backward(ctx, dy, dy_kept):
+        y_kept, rstd, guard_xhat, guard, weight = ctx.saved_tensors
+        dx, dweight = _norm.rms_norm_backward(_norm.sum_grads(dy, dy_kept), y_kept, rstd,
+                                              guard_xhat, guard, weight, _xhat_from_output)
+        shape, dtype = ctx.x_meta
+        return (dx.view(shape).to(dtype), None, _grad_like(dweight, weight), None, None,
+                None, None)
+
+
 def fusible_layer_norm(x, n, weight, bias, eps, out_dtype) -> tuple[torch.Tensor]:
     """(``fxopt::tempo_layer_norm``'s y,), traceable."""
     return (_LayerNorm.apply(x, n, weight, bias, eps, out_dtype),)
@@ -215,6 +234,12 @@ def fusible_rms_norm(x, n, weight, eps, round_before_weight, out_dtype
                      ) -> tuple[torch.Tensor]:
     """(``fxopt::tempo_rms_norm``'s y,), traceable."""
     return (_RmsNorm.apply(x, n, weight, eps, round_before_weight, out_dtype),)
+
+
+def fusible_rms_norm_cast(x, n, weight, eps, round_before_weight, out_dtype, kept_dtype
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``fxopt::tempo_rms_norm_cast``'s y, y_kept), traceable."""
+    return _RmsNormCast.apply(x, n, weight, eps, round_before_weight, out_dtype, kept_dtype)
 
 
 # --- attention --------------------------------------------------------------------------
@@ -249,13 +274,14 @@ _FORMS: dict[Any, Callable[..., tuple[torch.Tensor]]] = {
     torch.ops.fxopt.tempo_layer_norm.default: fusible_layer_norm,
     torch.ops.fxopt.tempo_layer_norm_cast.default: fusible_layer_norm_cast,
     torch.ops.fxopt.tempo_rms_norm.default: fusible_rms_norm,
+    torch.ops.fxopt.tempo_rms_norm_cast.default: fusible_rms_norm_cast,
     torch.ops.fxopt.tempo_softmax_dropout_matmul.default: fusible_softmax_dropout_matmul,
 }
 
 
 def fusible_form(op: Any, args: tuple[Any, ...]) -> Callable[..., tuple[torch.Tensor]]:
     """The aten-only form of the tempo custom op ``op`` (same arguments, a tuple of the
-    outputs the graph uses: the first, and ``tempo_layer_norm_cast``'s cast second), with
+    outputs the graph uses: the first, and the ``*_cast`` norms' cast second), with
     what it needs at trace time (GELU's table) built now, eagerly."""
     if op is torch.ops.fxopt.tempo_gelu.default:
         _table_constants(args[1])

@@ -23,11 +23,11 @@ for the host (no host sync per norm per step). In bf16 the error grows with
 |beta| / |gamma| below that bound: Tempo's trade, exact only in the guarded columns.
 The computation is in fp32; y has the dtype the replaced code's output had.
 
-Under autocast (``fxopt::tempo_layer_norm_cast``) y is fp32 but its users that keep it
-keep their bf16 cast: the op returns both, saves the cast and rebuilds x_hat from it, so
-x_hat carries bf16's rounding (2**-8 relative, amplified by |beta / gamma| <= 2 outside
-the guard, bf16's MAX_AMPLIFICATION; the bound is written out in
-tests/passes/tempo/test_tempo_autocast.py).
+Under autocast (``fxopt::tempo_layer_norm_cast``, ``fxopt::tempo_rms_norm_cast``) y is
+fp32 but its users that keep it keep their bf16 cast: the op returns both, saves the cast
+and rebuilds x_hat from it, so x_hat carries bf16's rounding (2**-8 relative, amplified by
+|beta / gamma| <= 2 outside the guard, bf16's MAX_AMPLIFICATION; RMSNorm has no beta: 2**-8
+alone; the bounds are written out in tests/passes/tempo/test_tempo_autocast.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 __all__ = ["MAX_AMPLIFICATION", "guard_capacity", "sum_grads", "tempo_layer_norm",
-           "tempo_layer_norm_cast", "tempo_rms_norm"]
+           "tempo_layer_norm_cast", "tempo_rms_norm", "tempo_rms_norm_cast"]
 
 # Largest |beta| / |gamma| (the factor that multiplies y's rounding error in x_hat) that is
 # not guarded, per dtype of y.
@@ -283,20 +283,41 @@ tempo_layer_norm_cast.register_autograd(_layer_norm_cast_backward,
 
 # --- RMSNorm ----------------------------------------------------------------------------
 
+def _rms_norm_rows(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                   round_before_weight: bool, kept_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y as fp32 rows, rstd [rows], guarded x_hat, guarded columns), the guard chosen for
+    x_hat rebuilt from y rounded to ``kept_dtype``."""
+    xhat, rstd = _rms_normalize(x, n, eps)
+    if round_before_weight:
+        xhat = xhat.to(x.dtype).float()
+    w = _vector(weight, n, 1.0, x)
+    guard = (_guard_columns(w, None, kept_dtype) if weight is not None
+             else torch.arange(guard_capacity(n), device=x.device))
+    return xhat * w, rstd, xhat[:, guard].contiguous(), guard
+
+
 def rms_norm_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
                      round_before_weight: bool, out_dtype: torch.dtype
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dims, in fp32, y in ``out_dtype``. ``round_before_weight``
     rounds the normalized input to x's dtype before the weight multiplies it, as Llama's
     hand-written RMSNorm does. Returns what :func:`layer_norm_forward` returns."""
-    xhat, rstd = _rms_normalize(x, n, eps)
-    if round_before_weight:
-        xhat = xhat.to(x.dtype).float()
-    w = _vector(weight, n, 1.0, x)
-    y = (xhat * w).to(out_dtype).view(x.shape)
-    guard = (_guard_columns(w, None, out_dtype) if weight is not None
-             else torch.arange(guard_capacity(n), device=x.device))
-    return y, rstd, xhat[:, guard].contiguous(), guard
+    y, rstd, guard_xhat, guard = _rms_norm_rows(x, n, weight, eps, round_before_weight,
+                                                out_dtype)
+    return y.to(out_dtype).view(x.shape), rstd, guard_xhat, guard
+
+
+def rms_norm_cast_forward(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                          round_before_weight: bool, out_dtype: torch.dtype,
+                          kept_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """RMSNorm under autocast whose output feeds both ops that keep its low-precision cast
+    and ops that take it as is: (y in ``out_dtype``, y in ``kept_dtype``, rstd, guarded
+    x_hat, guarded columns), as :func:`layer_norm_cast_forward`."""
+    y, rstd, guard_xhat, guard = _rms_norm_rows(x, n, weight, eps, round_before_weight,
+                                                kept_dtype)
+    return (y.to(out_dtype).view(x.shape), y.to(kept_dtype).view(x.shape), rstd,
+            guard_xhat, guard)
 
 
 @torch.library.custom_op("fxopt::tempo_rms_norm", mutates_args=())
@@ -358,3 +379,39 @@ def _rms_norm_backward(ctx, dy, *_unused):
 
 
 tempo_rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+@torch.library.custom_op("fxopt::tempo_rms_norm_cast", mutates_args=())
+def tempo_rms_norm_cast(x: torch.Tensor, n: int, weight: torch.Tensor | None, eps: float,
+                        round_before_weight: bool, out_dtype: torch.dtype,
+                        kept_dtype: torch.dtype
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                   torch.Tensor]:
+    """:func:`rms_norm_cast_forward` as an op opaque to tracing."""
+    return rms_norm_cast_forward(x, n, weight, eps, round_before_weight, out_dtype,
+                                 kept_dtype)
+
+
+@tempo_rms_norm_cast.register_fake
+def _(x, n, weight, eps, round_before_weight, out_dtype, kept_dtype):
+    y, *rest = _fake_outputs(x, n, out_dtype)
+    return (y, torch.empty(x.shape, dtype=kept_dtype, device=x.device), *rest)
+
+
+def _rms_norm_cast_setup(ctx, inputs, output) -> None:
+    x, n, weight, _, _, _, _ = inputs
+    ctx.x_meta = (x.shape, x.dtype)
+    ctx.save_for_backward(output[1], output[2], output[3], output[4], weight)
+
+
+def _rms_norm_cast_backward(ctx, dy, dy_kept, *_unused):
+    y_kept, rstd, guard_xhat, guard_index, weight = ctx.saved_tensors
+    dx, dweight = tempo_rms_norm_backward(sum_grads(dy, dy_kept), y_kept, rstd, guard_xhat,
+                                          guard_index, weight)
+    shape, dtype = ctx.x_meta
+    return (dx.view(shape).to(dtype), None, _grad_like(dweight, weight), None, None, None,
+            None)
+
+
+tempo_rms_norm_cast.register_autograd(_rms_norm_cast_backward,
+                                      setup_context=_rms_norm_cast_setup)

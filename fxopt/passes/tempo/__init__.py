@@ -7,12 +7,13 @@ and rstd instead of its input; the attention core keeps the softmax output and a
 dropout mask instead of the dropout output. GELU and norm outputs are kept only when the
 next op keeps them anyway (a Linear or matmul in the same dtype), so a site whose output no
 neighbour keeps is left alone: rewriting it would save its output in place of its input.
-Under autocast a LayerNorm's fp32 output is kept by the next Linear only as that Linear's
-own bf16 (fp16) cast: there tempo's op makes the cast itself, hands it to those Linears
-(which then compute the very values they would) and keeps it with rstd, in place of the
-norm's fp32 input (``fxopt::tempo_layer_norm`` with a bf16 output when the Linears are the
-only users, ``fxopt::tempo_layer_norm_cast`` with both outputs when others, a residual add,
-take the fp32 value).
+Under autocast a norm's fp32 output is kept by the next Linear only as that Linear's own
+bf16 (fp16) cast: there tempo's op makes the cast itself, hands it to those Linears (which
+then compute the very values they would) and keeps it with rstd, in place of the norm's
+fp32 input (``fxopt::tempo_layer_norm`` / ``fxopt::tempo_rms_norm`` with a bf16 output when
+the Linears are the only users, as in Llama, ``fxopt::tempo_layer_norm_cast`` /
+``fxopt::tempo_rms_norm_cast`` with both outputs when others, a residual add, take the fp32
+value).
 
 Under ``codegen="inductor"`` the same sites get the ops' aten-only forms
 (``fxopt.kernels.tempo.fusible``: autograd Functions AOTAutograd traces through) instead,

@@ -43,7 +43,8 @@ class Site:
     bytes_removed: int        # predicted saved-activation bytes per step
     needs_neighbour: bool     # saves its output: worth it only if a neighbour keeps it
     # under autocast: (low dtype, the users given the op's output ``index``, its value in
-    # that dtype, ``index``); the other users get output 0 (see match_layer_norm)
+    # that dtype, ``index``); the other users get output 0 (see match_layer_norm,
+    # _rms_norm_site)
     cast: tuple[torch.dtype, list[fx.Node], int] | None = None
 
 
@@ -163,8 +164,28 @@ def match_rms_norm(node: fx.Node) -> Site | str | None:
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
     eps = torch.finfo(example_tensor(x).dtype).eps if eps is None else eps
-    return Site("rms_norm", [node], node, node, fxopt_ops.tempo_rms_norm.default,
-                (x, n, weight, float(eps), False, out.dtype), _norm_bytes(x, n, 0), True)
+    return _rms_norm_site([node], node, (x, n, weight, float(eps), False), out.dtype,
+                          _norm_bytes(x, n, 0))
+
+
+def _rms_norm_site(replaced: list[fx.Node], result: fx.Node, args: tuple[Any, ...],
+                   out_dtype: torch.dtype, removed: int) -> Site:
+    """An RMSNorm site computing ``args`` (x, n, weight, eps, round_before_weight) into
+    ``result``. Under autocast, as for LayerNorm (:func:`match_layer_norm`), the users that
+    keep their own low-precision cast of the fp32 output are given the op's cast, which it
+    keeps in place of x: the op's only output where they are all the users
+    (``fxopt::tempo_rms_norm`` in that dtype), else beside the fp32 one
+    (``fxopt::tempo_rms_norm_cast``)."""
+    cast = None if kept_by_neighbour(result) else cast_by_savers(result)
+    if cast is None:
+        return Site("rms_norm", replaced, result, result, fxopt_ops.tempo_rms_norm.default,
+                    (*args, out_dtype), removed, True)
+    dtype, users = cast
+    if set(users) == set(result.users):
+        return Site("rms_norm", replaced, result, result, fxopt_ops.tempo_rms_norm.default,
+                    (*args, dtype), removed, False, (dtype, users, 0))
+    return Site("rms_norm", replaced, result, result, fxopt_ops.tempo_rms_norm_cast.default,
+                (*args, out_dtype, dtype), removed, False, (dtype, users, 1))
 
 
 def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
@@ -198,11 +219,14 @@ def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
             return "RMSNorm formula casting to another dtype than its input's"
         result, round_before_weight = cast, True
         replaced.append(cast)
-    weight, final = None, only_user(result)
+    weight, final, normalized = None, only_user(result), 0
     if is_call(final, "mul") and len(final.args) == 2 and result in final.args:
         other = final.args[1] if final.args[0] is result else final.args[0]
-        value = example_tensor(other)
+        value, unweighted = example_tensor(other), example_tensor(result)
         if value is not None and value.dim() == 1:
+            # the product keeps the normalized input for the weight's gradient too
+            normalized = nbytes(unweighted) if unweighted is not None and \
+                value.requires_grad else 0
             weight, result = other, final
             replaced.append(final)
     value, out = example_tensor(x), example_tensor(result)
@@ -211,9 +235,8 @@ def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
     n = value.shape[-1]
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
-    return Site("rms_norm", replaced, result, result, fxopt_ops.tempo_rms_norm.default,
-                (x, n, weight, eps, round_before_weight, out.dtype), _norm_bytes(x, n, 4),
-                True)
+    return _rms_norm_site(replaced, result, (x, n, weight, eps, round_before_weight),
+                          out.dtype, _norm_bytes(x, n, 0) + normalized)
 
 
 def match_attention(node: fx.Node) -> Site | str | None:

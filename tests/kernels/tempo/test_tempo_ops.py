@@ -10,12 +10,18 @@ import torch
 import torch.nn.functional as F
 
 from fxopt.kernels import triton_runs_on
+from fxopt.kernels.tempo import fusible
 from fxopt.kernels.tempo import gelu as tempo_gelu_module
 from fxopt.kernels.tempo.attention import tempo_softmax_dropout_matmul
 from fxopt.kernels.tempo.bitmask import pack_bits, unpack_bits
 from fxopt.kernels.tempo.gelu import tempo_gelu
 from fxopt.kernels.tempo.gelu_coefficients import FITS
-from fxopt.kernels.tempo.norm import guard_capacity, tempo_layer_norm, tempo_rms_norm
+from fxopt.kernels.tempo.norm import (
+    guard_capacity,
+    tempo_layer_norm,
+    tempo_rms_norm,
+    tempo_rms_norm_cast,
+)
 from fxopt.testing import TOLERANCES
 
 APPROXIMATIONS = ("none", "tanh")
@@ -139,6 +145,40 @@ def test_rms_norm_matches_eager_with_zeros_in_gamma(round_before_weight):
         _assert_close(grad, expected_grad)
 
 
+# x_hat rebuilt from y rounded to bf16 (u = 2**-8; RMSNorm has no beta, so no |beta / gamma|
+# amplification): dgamma's terms dy * x_hat are off by u, dx's x_hat * mean(g * x_hat) by
+# 2u (x_hat twice); sums of them, so relative to each gradient's largest element
+RMS_CAST_BOUND = 2 * 2 ** -8
+
+
+@pytest.mark.parametrize("form", ["custom_op", "fusible"])
+@pytest.mark.parametrize("round_before_weight", [False, True])
+def test_rms_norm_cast_matches_eager_under_autocast(form, round_before_weight):
+    """``fxopt::tempo_rms_norm_cast`` (and its aten-only form) at an odd shape, with zeros in
+    gamma: y in fp32 and its bf16 cast equal eager's fp32 RMSNorm and the cast autocast's
+    Linears make; the gradients from both outputs within RMS_CAST_BOUND of eager's, which
+    adds the cast's bf16 gradient (converted to fp32) to the fp32 output's."""
+    x, weight, _ = _norm_inputs(torch.float32, zeros=(0, 36))
+    expected = F.rms_norm(x, (37,), weight, 1e-6)
+    if round_before_weight:  # Llama's formula: x_hat rounded to x's dtype, fp32 here
+        expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    args = (x, 37, weight, 1e-6, round_before_weight, torch.float32, torch.bfloat16)
+    if form == "custom_op":
+        y, y_kept = tempo_rms_norm_cast(*args)[:2]
+    else:
+        y, y_kept = fusible.fusible_rms_norm_cast(*args)
+    _assert_close(y, expected)
+    assert y_kept.dtype == torch.bfloat16 and torch.equal(y_kept, expected.bfloat16())
+    generator = torch.Generator().manual_seed(6)
+    dy, dy_kept = torch.randn(x.shape, generator=generator), torch.randn(x.shape,
+                                                                        generator=generator)
+    grads = torch.autograd.grad((y * dy).sum() + (y_kept.float() * dy_kept).sum(), (x, weight))
+    want = torch.autograd.grad(
+        (expected * dy).sum() + (expected.bfloat16().float() * dy_kept).sum(), (x, weight))
+    for got, eager in zip(grads, want):
+        assert (got - eager).abs().max() <= RMS_CAST_BOUND * eager.abs().max()
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_too_many_zeros_in_gamma_give_nan_gradients_without_a_host_sync(op):
     """More unsafe columns than the guard holds: x is not recoverable, so dx and dgamma are
@@ -191,3 +231,15 @@ def test_attention_matches_eager_given_the_same_mask(p, autocast):
         assert packed.numel() == 0
     for grad, expected_grad in zip(_grads(out, (scores, v)), _grads(expected, (scores, v))):
         _assert_close(grad, expected_grad)
+
+
+def test_every_tempo_forward_op_is_recomputable():
+    """A budget's plan may run a tempo op again in the backward (a pure function of its
+    inputs): the cast forms were left out of the planner's list, so a chain stopped at
+    them and kept their outputs."""
+    from fxopt.planner.joint import RECOMPUTABLE_CUSTOM_OPS
+
+    forwards = {f"fxopt::{name}" for name in dir(torch.ops.fxopt)
+                if name.startswith("tempo_") and not name.endswith("_backward")}
+    assert {"fxopt::tempo_layer_norm_cast", "fxopt::tempo_rms_norm_cast"} <= forwards
+    assert forwards <= RECOMPUTABLE_CUSTOM_OPS
