@@ -49,14 +49,22 @@ import torch.nn.functional as F
 
 from fxopt.kernels import triton_runs_on
 
-__all__ = ["BLOCK_BYTES_CAP", "MIN_BLOCK_COLUMNS", "block_columns", "dlogits_block_reference",
-           "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
-           "reference"]
+__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "block_columns",
+           "dlogits_block_reference", "linear_cross_entropy", "linear_cross_entropy_backward",
+           "lse_block_reference", "reference"]
 
 BLOCK_BYTES_CAP = 32 * 2**20
 BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
 REDUCTIONS = ("mean", "sum")
+# The torch references clamp exponents here before ``exp_``: exp(-87) is fp32's smallest
+# normal number or above (FLT_MIN = exp(-87.34)), so no exponential is subnormal. On x86
+# CPUs ATen's ``exp_`` of an input whose result is subnormal or underflows takes a slow path,
+# 100-250x the normal cost per element (benchmarks/results/fuse_linear_cross_entropy_step_cpu.md),
+# and a confident model's softmax is mostly such entries. Harmless: an entry whose true
+# value is below exp(-87) ~ 1.6e-38 becomes 1.6e-38, off by less than that, beside a
+# per-token sum of at least 1 (forward) or a softmax row summing to 1 (backward).
+EXP_FLOOR = -87.0
 
 
 def block_columns(tokens: int, vocab: int, block_bytes: int = 0) -> int:
@@ -88,7 +96,8 @@ def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch
     if smooth:
         sum_z.add_(z.sum(1))
     m_new = torch.maximum(m, z.amax(1))
-    s.mul_(torch.exp(m - m_new)).add_(z.sub_(m_new.unsqueeze(1)).exp_().sum(1))
+    s.mul_((m - m_new).clamp_(min=EXP_FLOOR).exp_()).add_(
+        z.sub_(m_new.unsqueeze(1)).clamp_(min=EXP_FLOOR).exp_().sum(1))
     m.copy_(m_new)
 
 
@@ -97,7 +106,7 @@ def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Te
     """``out = softmax - (1 - eps) onehot - eps / V`` for block ``z`` (``out`` fp32, may be
     ``z``). Unscaled: the caller folds the per-token scale (zero for ignored tokens) into
     the matmuls' small operands instead of a pass over the block."""
-    p = torch.sub(z, lse.unsqueeze(1), out=out).exp_()
+    p = torch.sub(z, lse.unsqueeze(1), out=out).clamp_(min=EXP_FLOOR).exp_()
     if label_smoothing:
         p.sub_(label_smoothing / vocab)
     cols = z.shape[1]

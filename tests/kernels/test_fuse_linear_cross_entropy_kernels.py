@@ -63,6 +63,53 @@ def test_bf16_compute_dtype_within_bf16_rounding():
                                    atol=2**-8 * want.abs().max().item())
 
 
+def _op_body(h, weight, labels):
+    """(loss, [dh, dW]) of the op's forward and backward bodies (aten calls, no custom op)."""
+    loss, lse = lce._forward(h.detach(), weight.detach(), None, labels, -100, 0.0, "mean",
+                             torch.float32, torch.float32, 4 * 33 * 37)
+    return loss, lce._backward(torch.ones(()), h.detach(), weight.detach(), None, labels,
+                               lse, -100, 0.0, "mean", torch.float32, 4 * 33 * 37,
+                               (True, True, False))
+
+
+def test_a_confident_softmax_takes_no_exponent_below_fp32s_normal_range(monkeypatch):
+    """Logits spread over hundreds (a confident model): most softmax entries are below
+    fp32's smallest normal number, and ATen's CPU ``exp_`` of such an exponent is 100-250x
+    slower per element (the Llama step's slowdown, issue 29 item 3). The references clamp
+    exponents at EXP_FLOOR first: no exponential the op takes is subnormal, and loss and
+    gradients still equal eager's (the clamp moves entries below 1.6e-38 to 1.6e-38).
+    Before the clamp, exponents reached below -1000 here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    h, weight, _, labels = _inputs(33, 16, 1000, False)
+    with torch.no_grad():
+        weight.mul_(40.0)
+    exponents = []
+
+    class Exponents(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.exp_.default, torch.ops.aten.exp.default):
+                exponents.append(float(args[0].min()))
+            return func(*args, **(kwargs or {}))
+
+    with Exponents():  # the op's body, so the dispatch mode sees its aten calls
+        loss, grads = _op_body(h, weight, labels)
+    assert exponents and min(exponents) >= lce.EXP_FLOOR
+    assert torch.finfo(torch.float32).tiny <= torch.tensor(lce.EXP_FLOOR).exp()
+    # unclamped: each softmax entry moves by less than exp(-87) ~ 1.6e-38, each gradient
+    # entry (a sum of at most 1000 of them times |W|, |h| < 1e3) by less than 1e-30
+    monkeypatch.setattr(lce, "EXP_FLOOR", float("-inf"))
+    unclamped_loss, unclamped = _op_body(h, weight, labels)
+    assert torch.equal(loss, unclamped_loss)
+    for a, b in zip(grads, unclamped, strict=True):
+        assert float((a - b).abs().max()) < 1e-30
+    expected = lce.reference(h, weight, None, labels)
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-5)
+    # fp32 rounding of sums of products 40x the other test's: relative to the largest
+    for got, want in zip(grads, torch.autograd.grad(expected, (h, weight))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
 def test_gradients_only_where_wanted():
     h, weight, b, labels = _inputs(7, 5, 131, True)
     weight.requires_grad_(False)
