@@ -9,7 +9,7 @@ import random
 import pytest
 
 from fxopt.optim import OffloadPlan, ParamInfo, plan_offload, simulate, split_subgroups
-from fxopt.optim.model import EXHAUSTIVE_LIMIT
+from fxopt.optim.model import EXHAUSTIVE_LIMIT, MIN_SAVING, PLACEMENTS
 from fxopt.planner.hardware import CPU_DEFAULT, KNOWN_GPUS
 
 H100 = KNOWN_GPUS["H100"]
@@ -77,20 +77,28 @@ def test_gradient_copies_overlap_the_backward():
 
 
 def _brute_force(subgroups, hardware, budget, fraction):
-    placements = list(itertools.product(("gpu", "cpu"), repeat=len(subgroups)))
-    if fraction is not None:  # only the shares of parameters on the CPU closest to it
-        total = sum(s.numel for s in subgroups)
+    """The least predicted time over all 3**n placements within the constraints: the
+    budget, the forced share of state on the host, and (staging left to the plan) a device
+    saving of at least MIN_SAVING of the state placed on the host."""
+    placements = list(itertools.product(PLACEMENTS, repeat=len(subgroups)))
+    total = sum(s.numel for s in subgroups)
+    if fraction is not None:  # only the shares of parameters on the host closest to it
 
         def distance(placement):
-            cpu = sum(s.numel for s, w in zip(subgroups, placement) if w == "cpu")
-            return abs(cpu / total - fraction)
+            host = sum(s.numel for s, w in zip(subgroups, placement) if w != "gpu")
+            return abs(host / total - fraction)
 
         closest = min(map(distance, placements))
         placements = [p for p in placements if distance(p) <= closest + 1e-12]
+    all_gpu = simulate(subgroups, ["gpu"] * len(subgroups), hardware).gpu_state_bytes
     best = None
     for placement in placements:
         prediction = simulate(subgroups, placement, hardware)
         if budget is not None and prediction.gpu_state_bytes > budget:
+            continue
+        unstaged = ["cpu" if w == "staged" else w for w in placement]
+        on_host = all_gpu - simulate(subgroups, unstaged, hardware).gpu_state_bytes
+        if all_gpu - prediction.gpu_state_bytes < MIN_SAVING * on_host:
             continue
         if best is None or prediction.seconds < best:
             best = prediction.seconds
