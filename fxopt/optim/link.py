@@ -151,6 +151,11 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     plan = plan_offload(split_subgroups(infos, subgroups), hardware, staged=staged,
                         states_per_param=states_per_param(optimizer),
                         counter_bytes=counter_bytes(optimizer), **planning)
+    if plan.gpu_state_bytes > plan.all_gpu_state_bytes:  # only a forced staged= can
+        warnings.warn(f"fxopt.optim.offload: staged={staged} costs more device memory "
+                      f"({plan.gpu_state_bytes} bytes of staging buffers and state) than "
+                      f"it frees (all state on the device: {plan.all_gpu_state_bytes}); use "
+                      f"more subgroups, or let the plan choose (staged=None)", stacklevel=2)
     if plan.keeps_up() is False:
         log.warning("fxopt.optim.offload: %s", plan.summary())
     else:

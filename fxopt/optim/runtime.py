@@ -549,7 +549,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         """Stop the worker thread (after its current update), remove the gradient hooks
-        and free the state (host masters and buffers, device state). Idempotent; the
+        and free the state (host masters and buffers, device state, staging buffers, after
+        their last write-back). Idempotent; the
         optimizer cannot be used after it. Dropping the optimizer does the same."""
         if self._closed:
             return

@@ -192,3 +192,11 @@ def test_on_cuda_staged_updates_equal_adamw_and_save_what_the_plan_says(dtype):
         assert predicted > 0.5 * plan.all_gpu_state_bytes  # 8+ subgroups, two buffers
         assert plain_backward - backward == pytest.approx(predicted, rel=0.05)
         assert plain_whole - whole >= 0.95 * predicted
+
+
+def test_forced_staging_that_costs_more_than_it_frees_warns():
+    """Two subgroups, the larger one's state twice in the buffers: more than all of it."""
+    model = MLP()
+    with pytest.warns(UserWarning, match="costs more device memory"):
+        offload(torch.optim.Adam(model.parameters()), model, cpu_fraction=1.0, staged=True,
+                subgroups=2)
