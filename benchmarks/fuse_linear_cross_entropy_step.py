@@ -5,9 +5,10 @@ plain Inductor and fxopt with and without the fused loss, in one process, interl
 Each configuration compiles its own copy of the model through a forward of its own (a
 distinct code object): Dynamo caches compiled graphs per code object, and copies of one
 model class compiled with different backends in one process could otherwise be served
-each other's graphs. After one untimed step each, ``--steps`` rounds run every
-configuration once, the order rotated each round; each row gives the median and min-max
-(ms) and the ratios of the medians to eager's and to plain Inductor's.
+each other's graphs. Timed by :func:`fxopt.bench.timing.interleaved`: after a first
+(compiling) and a warm-up step each, ``--steps`` rounds run every configuration once, the
+order rotated each round; each row gives the median and min-max (ms) and the ratios of
+the medians to eager's and to plain Inductor's.
 
     PYTHONPATH=. python benchmarks/fuse_linear_cross_entropy_step.py --model llama \\
         [--threads 1] [--steps 7] [--flush-denormal] [--configs eager inductor ...]
@@ -19,14 +20,16 @@ of them per step). ``--flush-denormal``: ``torch.set_flush_denormal(True)`` firs
 mostly entries below fp32's normal range (at initialisation none are).
 ``fxopt-inductor-pass-unclamped``: the pass with the op's exponents not clamped
 (``EXP_FLOOR`` set to -inf around its steps), as before the clamp.
+``--exp-only``: instead, the time of ATen's ``exp_`` on one vocabulary block (512 x 500
+fp32) filled with one exponent, per exponent (the slow path below fp32's normal range).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
-import statistics
 import sys
 import time
 import types
@@ -34,6 +37,7 @@ import types
 import torch
 from torch import nn
 
+from fxopt.bench.timing import interleaved
 from fxopt.graph_breaks import ignore_transformers_logging
 from fxopt.kernels import fuse_linear_cross_entropy as kernel
 
@@ -75,6 +79,21 @@ def loss_module(config: str, model: nn.Module) -> nn.Module:
     return module
 
 
+def exp_times(threads: int) -> None:
+    """Best of 5 ``exp_`` calls on a 512 x 500 block of one exponent, per exponent."""
+    print(f"# exp_ on 512 x 500 fp32, {threads} thread(s), best of 5, torch {torch.__version__}")
+    print("| exponent | ms | result |")
+    print("| --- | --- | --- |")
+    for exponent in (-10.0, -86.0, kernel.EXP_FLOOR, -88.0, -100.0, -200.0, float("-inf")):
+        block, best = torch.full((512, 500), exponent), float("inf")
+        for _ in range(5):
+            copy = block.clone()
+            start = time.perf_counter()
+            copy.exp_()
+            best = min(best, time.perf_counter() - start)
+        print(f"| {exponent:g} | {1e3 * best:.2f} | {float(copy[0, 0]):.3g} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama", choices=["gpt2", "llama"])
@@ -85,12 +104,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--flush-denormal", action="store_true")
     parser.add_argument("--logit-scale", type=float, default=1.0)
+    parser.add_argument("--exp-only", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.exp_only:
+        return exp_times(args.threads)
     if args.flush_denormal:
         torch.set_flush_denormal(True)
     ids = torch.randint(0, 32000, (4, 128), generator=torch.Generator().manual_seed(1))
-    runs = {}
+    steps = {}
     with ignore_transformers_logging():
         for config in args.configs:
             model = build(args.model)
@@ -98,32 +120,26 @@ def main() -> None:
                 model.get_output_embeddings().weight.mul_(args.logit_scale)
             module = loss_module(config, model)
             backend = CONFIGS[config]
-            runs[config] = (module, module if backend is None
-                            else torch.compile(module, backend=backend()))
-            with exp_floor(config):
-                runs[config][1](ids).backward()  # compiles
-            module.zero_grad(set_to_none=True)
-        times: dict[str, list[float]] = {config: [] for config in args.configs}
-        for step in range(args.steps):
-            shift = step % len(args.configs)
-            for config in args.configs[shift:] + args.configs[:shift]:
-                module, fn = runs[config]
-                with exp_floor(config):
-                    start = time.perf_counter()
-                    fn(ids).backward()
-                    times[config].append(1e3 * (time.perf_counter() - start))
-                module.zero_grad(set_to_none=True)
-    median = {config: statistics.median(values) for config, values in times.items()}
+            fn = module if backend is None else torch.compile(module, backend=backend())
+            steps[config] = functools.partial(_step, config, module, fn, ids)
+        # the first call of each compiles (untimed), then one warm-up step each
+        times = interleaved(steps, "cpu", warmup=1, rounds=args.steps)
+    median = {config: timing.median_ms for config, timing in times.items()}
     print(f"# {args.model}, {args.threads} thread(s), flush denormal {args.flush_denormal}, "
           f"logit scale {args.logit_scale:g}, {args.steps} interleaved steps, "
           f"torch {torch.__version__}")
     print("| model | configuration | ms median (min-max) | / eager | / inductor |")
     print("| --- | --- | --- | --- | --- |")
-    for config, values in times.items():
+    for config, timing in times.items():
         ratios = [f"{median[config] / median[base]:.2f}" if base in median else "-"
                   for base in ("eager", "inductor")]
-        print(f"| {args.model} | {config} | {median[config]:.0f} ({min(values):.0f}-"
-              f"{max(values):.0f}) | {ratios[0]} | {ratios[1]} |")
+        print(f"| {args.model} | {config} | {timing.text(0)} | {ratios[0]} | {ratios[1]} |")
+
+
+def _step(config: str, module: nn.Module, fn, ids: torch.Tensor) -> None:
+    with exp_floor(config):
+        fn(ids).backward()
+    module.zero_grad(set_to_none=True)
 
 
 if __name__ == "__main__":

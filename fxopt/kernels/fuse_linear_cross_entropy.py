@@ -58,10 +58,11 @@ BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
 REDUCTIONS = ("mean", "sum")
 # The torch references clamp exponents here before ``exp_``: exp(-87) is fp32's smallest
-# normal number or above (FLT_MIN = exp(-87.34)), so no exponential is subnormal. On x86
-# CPUs ATen's ``exp_`` of an input whose result is subnormal or underflows takes a slow path,
-# 100-250x the normal cost per element (benchmarks/results/fuse_linear_cross_entropy_step_cpu.md),
-# and a confident model's softmax is mostly such entries. Harmless: an entry whose true
+# normal number or above (FLT_MIN = exp(-87.34)), so no exponential is subnormal. On the
+# CPU ATen's ``exp_`` of an input whose result is subnormal or underflows takes a slow path,
+# many times the normal cost per element (measured in
+# benchmarks/results/fuse_linear_cross_entropy_step_cpu.md), and a confident model's softmax
+# is mostly such entries. Harmless: an entry whose true
 # value is below exp(-87) ~ 1.6e-38 becomes 1.6e-38, off by less than that, beside a
 # per-token sum of at least 1 (forward) or a softmax row summing to 1 (backward).
 EXP_FLOOR = -87.0
