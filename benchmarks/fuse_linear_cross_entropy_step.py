@@ -11,15 +11,17 @@ order rotated each round; each row gives the median and min-max (ms) and the rat
 the medians to eager's and to plain Inductor's.
 
     PYTHONPATH=. python benchmarks/fuse_linear_cross_entropy_step.py --model llama \\
-        [--threads 1] [--steps 7] [--flush-denormal] [--configs eager inductor ...]
+        [--threads 1] [--steps 7] [--logit-scale 1] [--configs eager inductor ...]
 
 ``--threads``: torch's intra-op threads (default 1: on a shared, loaded machine two OpenMP
 threads wait on each other at every parallel op, and the fused loss runs several hundred
-of them per step). ``--flush-denormal``: ``torch.set_flush_denormal(True)`` first.
+of them per step).
 ``--logit-scale S``: the LM head's weight times S, a confident model whose softmax is
 mostly entries below fp32's normal range (at initialisation none are).
-``fxopt-inductor-pass-unclamped``: the pass with the op's exponents not clamped
-(``EXP_FLOOR`` set to -inf around its steps), as before the clamp.
+A configuration with the suffix ``-unclamped`` (``fxopt-inductor-pass-unclamped``) runs
+the op with its exponents not clamped (``EXP_FLOOR`` set to -inf around its steps), as
+before the clamp; with ``-ftz`` (``eager-ftz``), with denormals flushed to zero around its
+steps, so that both runs of a configuration are timed in one process.
 ``--exp-only``: instead, the time of ATen's ``exp_`` on one vocabulary block (512 x 500
 fp32) filled with one exponent, per exponent (the slow path below fp32's normal range).
 """
@@ -50,19 +52,33 @@ CONFIGS = {
     "fxopt-inductor-plain": lambda: _backend("inductor", False),
     "fxopt-inductor-pass": lambda: _backend("inductor", True),
     "fxopt-fx-pass": lambda: _backend("fx", True),
-    "fxopt-inductor-pass-unclamped": lambda: _backend("inductor", True),
 }
+VARIANTS = ("-unclamped", "-ftz")  # suffixes a configuration may take (module doc)
+
+
+def _base(config: str) -> str:
+    return next((config[:-len(v)] for v in VARIANTS if config.endswith(v)), config)
+
+
+def _config(name: str) -> str:
+    if _base(name) not in CONFIGS:
+        raise argparse.ArgumentTypeError(f"{name!r} is none of {list(CONFIGS)}, with or "
+                                         f"without a suffix {VARIANTS}")
+    return name
 
 
 @contextlib.contextmanager
-def exp_floor(config: str):
-    """The op's exponent floor as ``config`` runs it (module doc)."""
+def variant(config: str):
+    """``config``'s variant around its step (module doc): the op's exponents unclamped, or
+    denormals flushed to zero (``torch.set_flush_denormal``, this thread's FTZ/DAZ)."""
     saved = kernel.EXP_FLOOR
     kernel.EXP_FLOOR = float("-inf") if config.endswith("-unclamped") else saved
+    torch.set_flush_denormal(config.endswith("-ftz"))
     try:
         yield
     finally:
         kernel.EXP_FLOOR = saved
+        torch.set_flush_denormal(False)
 
 
 def _loss(self, ids):
@@ -97,20 +113,17 @@ def exp_times(threads: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama", choices=["gpt2", "llama"])
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS),
+    parser.add_argument("--configs", nargs="+", type=_config,
                         default=["eager", "inductor", "fxopt-inductor-plain",
                                  "fxopt-inductor-pass"])
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--flush-denormal", action="store_true")
     parser.add_argument("--logit-scale", type=float, default=1.0)
     parser.add_argument("--exp-only", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.exp_only:
         return exp_times(args.threads)
-    if args.flush_denormal:
-        torch.set_flush_denormal(True)
     ids = torch.randint(0, 32000, (4, 128), generator=torch.Generator().manual_seed(1))
     steps = {}
     with ignore_transformers_logging():
@@ -119,13 +132,13 @@ def main() -> None:
             with torch.no_grad():
                 model.get_output_embeddings().weight.mul_(args.logit_scale)
             module = loss_module(config, model)
-            backend = CONFIGS[config]
+            backend = CONFIGS[_base(config)]
             fn = module if backend is None else torch.compile(module, backend=backend())
             steps[config] = functools.partial(_step, config, module, fn, ids)
         # the first call of each compiles (untimed), then one warm-up step each
         times = interleaved(steps, "cpu", warmup=1, rounds=args.steps)
     median = {config: timing.median_ms for config, timing in times.items()}
-    print(f"# {args.model}, {args.threads} thread(s), flush denormal {args.flush_denormal}, "
+    print(f"# {args.model}, {args.threads} thread(s), "
           f"logit scale {args.logit_scale:g}, {args.steps} interleaved steps, "
           f"torch {torch.__version__}")
     print("| model | configuration | ms median (min-max) | / eager | / inductor |")
@@ -137,7 +150,7 @@ def main() -> None:
 
 
 def _step(config: str, module: nn.Module, fn, ids: torch.Tensor) -> None:
-    with exp_floor(config):
+    with variant(config):
         fn(ids).backward()
     module.zero_grad(set_to_none=True)
 
