@@ -208,10 +208,12 @@ def inductor_buffers(gm: fx.GraphModule) -> tuple[set[fx.Node], dict[fx.Node, fx
     the same size that is not a graph input or output and dies at that kernel (neither it
     nor a view of it is read after it).
 
-    Not modelled: Inductor's reordering of kernels for a lower peak
-    (``torch._inductor.config.reorder_for_peak_memory``). It matters where recompute moved
-    work into the backward: measured on tiny GPT-2/BERT/Llama with recompute plans, the
-    compiled step's peak is then 3-13% below this prediction (an upper bound there)."""
+    Not modelled: the order Inductor's scheduler gives its fused kernels (fusion groups,
+    ``reorder_for_peak_memory``), which can hold a buffer longer or shorter than the
+    graph's order does; with recompute plans the measured peak was found both below and
+    above this prediction, which is why a byte plan under Inductor keeps
+    :attr:`fxopt.codegen.Codegen.peak_margin` of its bound free
+    (benchmarks/results/inductor_budgets_cpu.md)."""
     nodes = list(gm.graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
     outputs = set(_output_nodes(gm))
