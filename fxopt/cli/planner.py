@@ -146,7 +146,7 @@ def _plan(args: argparse.Namespace) -> int:
     problems = [problem for _, problem in built]
     shares: list[int | None] = [None] * len(joints)
     if args.joint:
-        shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
+        shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget))
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source}){'; budget split by the frontiers' if args.joint else ''}")
     for index, (joint, problem) in enumerate(zip(joints, problems, strict=True)):

@@ -11,17 +11,21 @@ from torch._dynamo.exc import InvalidBackend
 import fxopt.compiler
 import fxopt.optim
 import fxopt.testing
-from fxopt import doctor, doctor_offload
+from fxopt import doctor
 from fxopt.__main__ import main
+from fxopt.bench import timing
 from fxopt.doctor import (
     CHECKS,
     Check,
-    _overlap,
     memory_problems,
     offload_problems,
     overlap_problem,
     run_doctor,
 )
+from fxopt.doctor import memory as doctor_memory
+from fxopt.doctor import offload as doctor_offload
+from fxopt.doctor import speed as doctor_speed
+from fxopt.doctor.criteria import overlap
 from fxopt.kernels import triton_runs_on
 
 
@@ -49,7 +53,7 @@ def test_an_unknown_check_is_named_with_the_choices(capsys):
 def test_copy_time_covered_by_compute_is_counted_once():
     copies = [(0.0, 10.0), (20.0, 30.0)]
     compute = [(5.0, 12.0), (8.0, 15.0), (25.0, 40.0)]  # two overlapping kernels
-    assert _overlap(copies, compute) == 5.0 + 5.0
+    assert overlap(copies, compute) == 5.0 + 5.0
 
 
 @pytest.mark.gpu
@@ -74,7 +78,8 @@ def _run(name: str) -> Check:
 @pytest.fixture
 def on_any_device(monkeypatch):
     """The CUDA-only checks run on the CPU with their measurements stubbed."""
-    monkeypatch.setattr(doctor, "_cuda_only", lambda device: None)
+    for module in (doctor_memory, doctor_speed):
+        monkeypatch.setattr(module, "cuda_only", lambda device: None)
 
 
 class _FakeComparison:
@@ -148,7 +153,7 @@ H100_MEMORY = {1.0: (832, 993), 0.6: (512, 688), 0.35: (640, 801)}  # MiB measur
 def test_memory_fails_on_the_h100_table(monkeypatch, on_any_device):
     """The first H100 run's figures, which the check called "ok": the lowest budget's peak
     is above 0.6's, and every prediction is 19-34% high."""
-    monkeypatch.setattr(doctor, "_step_peak", lambda device, fraction: tuple(
+    monkeypatch.setattr(doctor_memory, "step_peak", lambda device, fraction: tuple(
         m * 2**20 for m in H100_MEMORY[fraction]))
     check = _run("memory")
     assert check.status == "failed"
@@ -285,7 +290,8 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
 
     monkeypatch.setattr(torch, "compile", compile_without_the_entry_point)
     times = {"eager": [30.0] * 3, "torch.compile": [10.0, 11.0, 9.0], "fxopt": [10.5] * 3}
-    monkeypatch.setattr(doctor, "_interleaved_ms", lambda steps, device: times)
+    monkeypatch.setattr(timing, "interleaved", lambda steps, device, warmup: {
+        name: timing.Timing(0.0, [t / 1e3 for t in times[name]]) for name in steps})
     check = _run("speed")
     assert check.status == "ok", check.detail
     assert backends[0] == "inductor" and isinstance(backends[1], fxopt.compiler.Backend)
@@ -296,18 +302,10 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
                           "fxopt ms/step": 12.0}
 
 
-def test_interleaved_timing_takes_one_step_of_each_per_round():
-    order = []
-    steps = {name: (lambda name=name: order.append(name)) for name in ("a", "b")}
-    samples = doctor._interleaved_ms(steps, torch.device("cpu"), warmup=1, rounds=3)
-    assert order == ["a", "b"] + ["a", "b"] * 3
-    assert [len(s) for s in samples.values()] == [3, 3]
-
-
 def test_memory_compares_peaks_above_the_parameters_and_inputs_on_both_sides():
     """The planner's ``peak_bytes`` includes the parameters and inputs; the measured peak is
     taken above them. Compared as they were on the H100, the predictions were 19-34% high
     (by exactly that baseline); compared above the baseline on both sides, within the
     check's tolerance (the doctor's model, smaller, on the CPU under Inductor)."""
-    measured, predicted = doctor._step_peak(torch.device("cpu"), 1.0, width=64, batch=256)
+    measured, predicted = doctor_memory.step_peak(torch.device("cpu"), 1.0, width=64, batch=256)
     assert memory_problems([(1.0, measured, predicted)]) == []
