@@ -33,9 +33,11 @@ from fxopt import _compat
 from fxopt.config import Options
 
 __all__ = ["Codegen", "FX", "INDUCTOR", "as_codegen", "graph_device", "resolve_codegen",
-           "BYTES_EVIDENCE", "FRACTION_EVIDENCE", "PEAK_EVIDENCE", "TEMPO_EVIDENCE"]
+           "BYTES_EVIDENCE", "CUDA_EVIDENCE", "FRACTION_EVIDENCE", "PEAK_EVIDENCE",
+           "TEMPO_EVIDENCE"]
 
 # the measurements each choice of "auto" rests on, named in its reason
+CUDA_EVIDENCE = "benchmarks/results/gpu_h100_2026-11-26.md"
 BYTES_EVIDENCE = "benchmarks/results/inductor_budgets_cpu.md"
 FRACTION_EVIDENCE = "benchmarks/results/budget_frontier_cpu.md"
 PEAK_EVIDENCE = "benchmarks/results/default_peak_cpu.md"
@@ -184,7 +186,12 @@ def _choose(options: Options, device: torch.device) -> tuple[str, str]:
     if options.fuse_elementwise is True:
         return "fx", ("auto: fuse_elementwise=True asks for fxopt's fused kernels, which "
                       "run under fx code generation (Inductor fuses on its own)")
-    if options.force_swap and device.type == "cpu":
+    if device.type == "cuda":
+        swaps = ("; force_swap's swaps block there: generated code does not wait on fxopt's "
+                 "copy stream" if options.force_swap else "")
+        return "inductor", (f"auto: on CUDA Inductor's fused kernels make the step faster "
+                            f"than fx's one kernel per op ({CUDA_EVIDENCE}){swaps}")
+    if options.force_swap:
         return "fx", ("auto: force_swap exercises the swap runtime's copy stream, which "
                       "only fx code waits on (under Inductor swaps block)")
     budget = options.memory_budget
@@ -202,9 +209,6 @@ def _choose(options: Options, device: torch.device) -> tuple[str, str]:
     if options.plan is not None:
         return "inductor", ("auto: a saved plan replays under Inductor, the generator "
                             "`fxopt plan` captures with (its --codegen)")
-    if device.type == "cuda":
-        return "inductor", ("auto: on CUDA Inductor's fused kernels make the step faster "
-                            "than fx's one kernel per op")
     return "inductor", (f"auto: on {device.type.upper()} fx code generation keeps eager's "
                         "intermediates and peaks at eager's memory, Inductor at "
                         f"torch.compile's ({PEAK_EVIDENCE}); set codegen='fx' for a fast "

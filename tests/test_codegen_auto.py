@@ -69,3 +69,6 @@ def test_each_reason_names_its_measurement(tmp_path):
         assert chosen.name == "inductor" and why in chosen.reason, (options, chosen.reason)
     chosen = resolve_codegen(config.resolve({"memory_budget": 0.3, "force_swap": True}), CPU)
     assert chosen.name == "fx" and "force_swap" in chosen.reason
+    chosen = resolve_codegen(config.resolve({"memory_budget": 0.3, "force_swap": True}), CUDA)
+    assert chosen.name == "inductor" and "swaps block" in chosen.reason
+    assert "gpu_h100_2026-11-26.md" in chosen.reason
