@@ -53,7 +53,7 @@ def test_auto_under_a_fraction_compiles_with_inductor_within_the_budget():
 
 
 @pytest.mark.default_codegen
-@pytest.mark.parametrize("name", ["bert", "gpt2"])
+@pytest.mark.parametrize("name", ["bert"])  # the issue's model; GPT-2's rows: the results file
 def test_tempo_under_a_fraction_takes_inductor_and_keeps_no_more_than_the_budget_alone(name):
     """Issue 30 item 4: tempo and the budget on one code generator. With tempo on, "auto"
     once kept fx while the budget alone took Inductor, and the step kept more with tempo
