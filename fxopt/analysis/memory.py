@@ -28,15 +28,16 @@ reproduces the step's live bytes. Rules:
   Gradients the backward returns stay alive to the end (they become ``.grad``).
 - Workspace: the temporaries fxopt's custom ops (tempo's, fuse_rnn's) allocate and free
   inside one call are live while that node runs (:mod:`fxopt.analysis.workspace`, measured
-  once per op signature): tempo's CPU GELU backward holds 3.1 MiB beside its 2 MiB output
-  at BERT's benchmark-suite size. Not modelled: aten kernels' own workspaces and allocator
-  caching/fragmentation (this is bytes of live tensors, what ``torch.cuda.memory_allocated``
-  reports, not ``reserved``).
+  once per op signature), e.g. tempo's CPU GELU backward beside its output. Not modelled:
+  aten kernels' own workspaces and allocator caching/fragmentation (this is bytes of live
+  tensors, what ``torch.cuda.memory_allocated`` reports, not ``reserved``).
 - ``codegen="inductor"``: Inductor's generated code does not store every node's value:
   pointwise values are computed inside the kernels that read them, and a kernel may write
-  its output into an input that dies there (:func:`inductor_buffers`). Node by node, the
-  step's peak was predicted 8-13% too high on tiny GPT-2 and BERT; with the model, within
-  0.1% (``tests/analysis/test_memory_plan_peak.py``).
+  its output into an input that dies there (:func:`inductor_buffers`); node by node, the
+  peak would be predicted too high (``tests/analysis/test_memory_plan_peak.py`` holds the
+  prediction to the measurement). Inductor's own kernel order is not modelled, so a byte
+  plan under Inductor keeps ``Codegen.peak_margin`` of its bound
+  (benchmarks/results/inductor_budgets_cpu.md).
 
 A plan is evaluated with the same simulation: :func:`estimate_partitioned_memory`
 partitions a copy of the tagged joint graph as the compiler will and simulates the result,
