@@ -41,7 +41,7 @@ import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,12 @@ from fxopt.planner.activations import ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.plan import Plan
-from fxopt.planner.solvers.fraction import SavedBytesProblem, replay_fraction, solve_fraction
+from fxopt.planner.solvers.fraction import (
+    FractionDecision,
+    SavedBytesProblem,
+    replay_fraction,
+)
+from fxopt.planner.solvers.fraction_peak import solve_peak_capped
 from fxopt.planner.solvers.greedy import solve_greedy
 from fxopt.planner.solvers.milp import DEFAULT_TIME_LIMIT, solve_activations
 from fxopt.units import format_mib
@@ -85,6 +90,9 @@ class StepProblem:
     # actions -> the compiled step's simulated peak (the memory model explain shows;
     # :func:`fxopt.planner.joint.step_problem` sets it); None: the timeline model's stands
     simulate: Callable[[Mapping[str, str]], int] | None = field(
+        default=None, compare=False, repr=False)
+    # nodes tagged MUST_RECOMPUTE -> the same simulation (a fraction plan's chains)
+    simulate_tagged: Callable[[Sequence[str]], int] | None = field(
         default=None, compare=False, repr=False)
 
 
@@ -141,12 +149,15 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
     else:
         target = budget.saved_bytes_bound(saved.plain_bytes)
     if replay is None:
-        decision = solve_fraction(saved, target)
+        def solve(bound: int) -> FractionDecision:
+            return solve_peak_capped(saved, problem.activations, bound, problem.simulate_tagged)
+
+        decision = solve(target)
         if not decision.feasible and ledger is not None and share_bytes is None and (
                 rebalanced := ledger.rebalance(fraction, saved.plain_bytes,
                                                decision.floor_bytes)) is not None:
             target = rebalanced  # earlier graphs are planned again with less
-            decision = solve_fraction(saved, target)
+            decision = solve(target)
     else:
         try:
             decision = replay_fraction(saved, target, replay.actions)
@@ -168,6 +179,8 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
                         f"together are {floors / (ledger.plain_bytes + decision.plain_bytes):.3f}"
                         " of its plain saved bytes")
         _infeasible(message, "applying the floor's plan", strict)
+    if replay is None and decision.feasible:
+        _peak_checked(problem, decision, fraction, strict)
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)
     if ledger is not None:
@@ -178,6 +191,28 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
                                "replan": [ledger.shares[i].graph
                                           for i in sorted(ledger.replan_shares)]}
     return plan
+
+
+def _peak_checked(problem: StepProblem, decision: FractionDecision, fraction: float,
+                  strict: bool) -> None:
+    """Warn where a fraction plan's predicted peak is above plain autograd's (raise under
+    ``strict``) or above what a larger budget's plan reaches (:mod:`~fxopt.planner.
+    solvers.fraction_peak`): the fraction is met, the peak is not what users expect."""
+    if decision.peak_capped or decision.peak_bytes is None:
+        return
+    plain = decision.plain_peak_bytes or 0
+    message = (f"fxopt: swap_recompute meets memory_budget {fraction:g} on {problem.graph} "
+               f"(keeps {decision.kept_bytes} of {decision.plain_bytes} saved bytes), but "
+               f"its plan predicts a step peak of {format_mib(decision.peak_bytes)} MiB")
+    if decision.peak_bytes > plain:
+        message += (f", above plain autograd's {format_mib(plain)} MiB: recomputed chains "
+                    "come back together in the backward. A larger memory_budget, or a "
+                    "byte budget (which bounds the peak), avoids it")
+        _infeasible(message, "applying the plan with the lowest peak found", strict)
+    else:
+        warnings.warn(f"{message}, above what a larger memory_budget's plan reaches (no plan "
+                      f"found within this budget peaks lower; plain autograd's: "
+                      f"{format_mib(plain)} MiB)", stacklevel=4)
 
 
 def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: HardwareProfile,

@@ -104,7 +104,9 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
             stats["inductor"], ledger, plain_fits=not plan.actions,
             activation_inputs=inputs, entry=plan.extra.get("model", {}).get("entry"),
             num_fwd_outputs=ctx.facts["num_fwd_outputs"], strict=ctx.options.strict,
-            plan_feasible=plan.feasible)
+            plan_feasible=plan.feasible,
+            peak_cap_bytes=plan.predictions.get("peak_bytes") if plan.actions else None,
+            plain_peak_bytes=plan.predictions.get("plain_peak_bytes"))
         return PassResult(gm, True, _verdicts(plan), stats)
     if plan.actions:
         predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"], ctx.codegen)
@@ -133,8 +135,9 @@ def predict_plan_peak(plan: Plan, gm: fx.GraphModule, analysis: JointAnalysis,
     predicts what compilation predicts. A swap's bytes leave the device when its copy is
     done, which a simulation of the graphs cannot see: with swaps the timeline model's
     figure stands."""
-    if "swap" in plan.actions.values() or "model_peak_bytes" in plan.predictions:
-        return  # swaps: see above; model_peak_bytes: plan_step simulated it already
+    if "swap" in plan.actions.values() or "model_peak_bytes" in plan.predictions or (
+            "plain_peak_bytes" in plan.predictions and "peak_bytes" in plan.predictions):
+        return  # swaps: see above; plan_step simulated it already
     tagged = plan.extra["tagged"] if "fraction" in plan.extra else [
         n.name for name in plan.actions for n in group_chain(analysis, name)[0]]
     simulated = estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,

@@ -36,6 +36,15 @@ Every partition's bytes count the graph's inputs that are activations (another g
 outputs across a graph break, ``activation_inputs``) when it saves them: a fraction is a
 promise about what the step keeps, measured as saved-tensor hooks measure it.
 
+4. never peaks higher than it must: each partition's step peak is predicted
+   (:func:`~fxopt.analysis.memory.estimate_step_memory` as Inductor's code runs it), and
+   where the min-cut's is above fxopt's own plan's (whose peak never rises as the budget
+   falls, :mod:`fxopt.planner.solvers.fraction_peak`) or plain Inductor's, fxopt's plan
+   is partitioned too and taken where it keeps within the share and peaks lower (on
+   ``fxopt doctor``'s deep MLP at 0.35 min-cut's peak was above its own at 0.6:
+   ``benchmarks/results/doctor_memory_cpu.md``). A chosen peak above plain Inductor's
+   warns (``InfeasibleBudget`` under ``strict``).
+
 The ledger's entry for the graph and the pass's stats (``stats["inductor"]``) are then
 set to what the chosen partition keeps (the pass's other stats are fxopt's own plan,
 the fallback).
@@ -63,6 +72,7 @@ from fxopt.planner import InfeasibleBudget
 from fxopt.planner.joint import is_random
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.solvers.fraction import rng_state_bytes
+from fxopt.units import format_mib
 
 __all__ = ["BudgetedMinCut", "BISECTION_STEPS"]
 
@@ -92,22 +102,27 @@ class BudgetedMinCut:
     num_fwd_outputs: int | None = None  # the joint's: for the default partitioner fallback
     strict: bool = False  # raise InfeasibleBudget where no partition keeps within the share
     plan_feasible: bool = True  # fxopt's plan meets the share (else plan_step warned already)
+    # predicted peaks (Inductor's simulation, fxopt.planner.step): fxopt's plan's, whose
+    # peak never rises as the budget falls, and plain Inductor's; None: not predicted
+    peak_cap_bytes: int | None = None
+    plain_peak_bytes: int | None = None
 
     def __call__(self, joint: fx.GraphModule, partition: Callable[..., Any]
                  ) -> tuple[fx.GraphModule, fx.GraphModule]:
         """``partition(joint_copy, budget)``: Inductor's min-cut of a copy under
         ``activation_memory_budget=budget`` (None: its default, no budget)."""
-        trials: list[tuple[float | None, int, tuple[fx.GraphModule, fx.GraphModule]]] = []
+        trials: list[_Trial] = []
 
         def trial(budget: float | None, tags: tuple[str, ...] = ()) -> int:
             result = _exact_random_partition(joint, partition, budget, tags)
             kept = (estimate_step_memory(*result).activation_bytes
                     + saved_input_bytes(*result, self.activation_inputs))
-            trials.append((budget, kept, result))
+            peak = estimate_step_memory(*result, codegen="inductor").peak_bytes
+            trials.append(_Trial(budget, kept, result, peak))
             return kept
 
         first = self.fraction if self.fraction < 1 and not self.plain_fits else None
-        fits: tuple[float | None, int, Any] | None = None
+        fits: _Trial | None = None
         if trial(first) <= self.target_bytes:
             fits = trials[-1]
         else:
@@ -119,28 +134,40 @@ class BudgetedMinCut:
                 else:
                     high = middle
         chosen = "inductor min-cut"
-        if fits is None:
-            chosen, fits = self._fallback(joint, partition, trial, trials)
-        budget, kept, (forward, backward) = fits
-        self._record(chosen, budget, kept, [(b, k) for b, k, _ in trials])
-        if kept > self.target_bytes and self.plan_feasible:
+        cap = min((b for b in (self.peak_cap_bytes, self.plain_peak_bytes) if b is not None),
+                  default=None)
+        if fits is None or (cap is not None and fits.peak > cap and self.fallback_tags):
+            label, own = self._fallback(joint, partition, trial, trials)
+            if fits is None or (own.kept <= self.target_bytes and own.peak < fits.peak):
+                chosen, fits = label, own
+        self._record(chosen, fits, cap, trials)
+        if fits.kept > self.target_bytes and self.plan_feasible:
             message = (f"fxopt: swap_recompute under Inductor cannot keep this graph's "
                        f"saved bytes within its share ({self.target_bytes} bytes) of "
                        f"memory_budget {self.fraction:g}: the fewest its partitions keep "
-                       f"are {kept} bytes")
+                       f"are {fits.kept} bytes")
             if self.strict:
                 raise InfeasibleBudget(message)
             warnings.warn(f"{message}; using that partition", stacklevel=2)
-        return forward, backward
+        elif self.plain_peak_bytes is not None and fits.peak > self.plain_peak_bytes:
+            message = (f"fxopt: swap_recompute under Inductor meets memory_budget "
+                       f"{self.fraction:g}, but its partition predicts a step peak of "
+                       f"{format_mib(fits.peak)} MiB, above plain Inductor's "
+                       f"{format_mib(self.plain_peak_bytes)} MiB (no partition found within "
+                       "the share peaks lower). A larger memory_budget, or a byte budget "
+                       "(which bounds the peak), avoids it")
+            if self.strict:
+                raise InfeasibleBudget(message)
+            warnings.warn(f"{message}; using that partition", stacklevel=2)
+        return fits.result
 
     def _fallback(self, joint: fx.GraphModule, partition: Callable[..., Any],
-                  trial: Callable[..., int], trials: list[Any]) -> tuple[str, Any]:
-        """Where no budget fits the share: fxopt's plan (its recompute tags) under
-        Inductor's min-cut, else under torch's default partitioner, for which fxopt's
-        plan is exact (it saves what the plan keeps); the one that keeps the fewest bytes
-        where neither fits."""
+                  trial: Callable[..., int], trials: list[_Trial]) -> tuple[str, _Trial]:
+        """fxopt's plan (its recompute tags) under Inductor's min-cut, else under torch's
+        default partitioner, for which fxopt's plan is exact (it saves what the plan
+        keeps); the one that keeps the fewest bytes where neither fits."""
         trial(None, self.fallback_tags)
-        if trials[-1][1] <= self.target_bytes or self.num_fwd_outputs is None:
+        if trials[-1].kept <= self.target_bytes or self.num_fwd_outputs is None:
             return "fxopt plan", trials[-1]
 
         def own(copy: fx.GraphModule, _: float | None) -> Any:
@@ -149,20 +176,35 @@ class BudgetedMinCut:
         trial_own = _exact_random_partition(joint, own, None, self.fallback_tags)
         kept = (estimate_step_memory(*trial_own).activation_bytes
                 + saved_input_bytes(*trial_own, self.activation_inputs))
-        trials.append((None, kept, trial_own))
-        if kept <= trials[-2][1]:
+        trials.append(_Trial(None, kept, trial_own,
+                             estimate_step_memory(*trial_own, codegen="inductor").peak_bytes))
+        if kept <= trials[-2].kept:
             return "fxopt plan, default partitioner", trials[-1]
         return "fxopt plan", trials[-2]
 
-    def _record(self, chosen: str, budget: float | None, kept: int,
-                trials: list[tuple[float | None, int]]) -> None:
-        self.stats.update(partition=chosen, activation_memory_budget=budget,
-                          saved_bytes_after=kept, trials=trials)
+    def _record(self, chosen: str, fits: _Trial, cap: int | None,
+                trials: list[_Trial]) -> None:
+        self.stats.update(partition=chosen, activation_memory_budget=fits.budget,
+                          saved_bytes_after=fits.kept, peak_bytes=fits.peak,
+                          peak_cap_bytes=cap,
+                          trials=[(t.budget, t.kept, t.peak) for t in trials])
         if self.ledger is not None and self.entry is not None:
             self.ledger.shares[self.entry] = dataclasses.replace(
-                self.ledger.shares[self.entry], kept_bytes=kept)
+                self.ledger.shares[self.entry], kept_bytes=fits.kept)
         log.info("fxopt: swap_recompute under Inductor: %s (activation_memory_budget %s) "
-                 "keeps %d bytes of a %d-byte share", chosen, budget, kept, self.target_bytes)
+                 "keeps %d bytes of a %d-byte share, predicted peak %d", chosen, fits.budget,
+                 fits.kept, self.target_bytes, fits.peak)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trial:
+    """One partition tried: its budget, the bytes it keeps, the graphs, its predicted
+    peak (Inductor's generated code, :func:`~fxopt.analysis.memory.estimate_step_memory`)."""
+
+    budget: float | None
+    kept: int
+    result: tuple[fx.GraphModule, fx.GraphModule]
+    peak: int
 
 
 def saved_input_bytes(forward: fx.GraphModule, backward: fx.GraphModule,
