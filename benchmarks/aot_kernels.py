@@ -46,8 +46,8 @@ sys.path[:0] = [_ROOT]
 
 import fxopt  # noqa: E402 - from this checkout (the path above), not an installed copy
 from fxopt.kernels import aot  # noqa: E402
-from fxopt.kernels.pointwise import codegen  # noqa: E402
-from fxopt.kernels.pointwise.codegen import autotune_configs, vector_elements  # noqa: E402
+from fxopt.kernels.fuse_elementwise import triton_source  # noqa: E402
+from fxopt.kernels.fuse_elementwise.triton_source import autotune_configs, vector_elements  # noqa: E402
 
 _VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -144,7 +144,7 @@ def collect_corpus(workloads: list[str], random_regions: int, seed: int
     corpus, skipped = [], []
 
     def take(origin: str) -> None:
-        for key in codegen.cached_programs():
+        for key in triton_source.cached_programs():
             if key not in {c[:2] for c in corpus}:
                 corpus.append((*key, origin))
 

@@ -465,32 +465,11 @@ def speed_problem(samples: dict[str, list[float]], margin: float = SPEED_MARGIN
     return None
 
 
-def _interleaved_ms(steps: dict[str, Callable[[], None]], device: torch.device,
-                    warmup: int = 3, rounds: int = 10) -> dict[str, list[float]]:
-    """Each step's times in ms, one step of each per round, so that a slower phase of the
-    machine (clocks, another process) falls on every configuration alike."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(indexed(device))
-
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            sync()
-            start = time.perf_counter()
-            step()
-            sync()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    return samples
-
-
 def check_speed(device: torch.device) -> dict[str, Any]:
     """Step time of the benchmark suite's small GPT-2 under eager, Inductor and fxopt's
     defaults, interleaved: fails on :func:`speed_problem`."""
     _cuda_only(device)
+    from fxopt.bench import timing
     from fxopt.bench.workloads import WORKLOADS
     from fxopt.compiler import Backend
     from fxopt.profile import default_loss
@@ -505,7 +484,8 @@ def check_speed(device: torch.device) -> dict[str, Any]:
         backend = {"eager": None, "torch.compile": "inductor", "fxopt": Backend({})}[name]
         run = model if backend is None else torch.compile(model, backend=backend)
         steps[name] = lambda run=run, inputs=inputs: default_loss(run(**inputs)).backward()
-    samples = _interleaved_ms(steps, device)
+    samples = {name: [1e3 * s for s in t.times_s]
+               for name, t in timing.interleaved(steps, device, warmup=3).items()}
     results = {f"{name} ms/step": round(statistics.median(times), 3)
                for name, times in samples.items()}
     problem = speed_problem(samples)

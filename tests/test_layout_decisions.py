@@ -128,3 +128,31 @@ def test_every_pass_reports_through_the_verdicts():
     assert free_form_verdicts('r = PassResult(gm, False, {"reason": "no budget"})\n')
     assert free_form_verdicts('r = PassResult(gm, False, stats={"skipped": {}})\n')
     assert not free_form_verdicts('r = PassResult(gm, True, v, {"plan": plan})\n')
+
+
+# fxopt/kernels/ modules that serve no single pass: the ahead-of-time compile check of
+# every kernel family
+SHARED_KERNEL_MODULES = {"__init__.py", "aot.py"}
+
+
+def test_a_pass_its_kernels_and_its_tests_are_found_by_its_name():
+    """Every registered pass is ``fxopt/passes/<name>.py`` or ``fxopt/passes/<name>/``, its
+    tests are ``tests/passes/<name>/test_<name>*.py``, and every kernel module is named for
+    the pass it serves (``fxopt/kernels/<name>...``)."""
+    from fxopt.passes import PIPELINE
+
+    names = [spec.name for spec in PIPELINE]
+    tests = PACKAGE.parent / "tests" / "passes"
+    problems = []
+    for name in names:
+        if not ((PACKAGE / "passes" / f"{name}.py").is_file()
+                or (PACKAGE / "passes" / name / "__init__.py").is_file()):
+            problems.append(f"pass {name}: no fxopt/passes/{name}.py or package")
+        if not list((tests / name).glob(f"test_{name}*.py")):
+            problems.append(f"pass {name}: no tests/passes/{name}/test_{name}*.py")
+    for entry in sorted((PACKAGE / "kernels").iterdir()):
+        if entry.name in SHARED_KERNEL_MODULES or entry.name == "__pycache__":
+            continue
+        if not any(entry.name.startswith(name) for name in names):
+            problems.append(f"fxopt/kernels/{entry.name} is named for no pass ({names})")
+    assert not problems, "\n".join(problems)

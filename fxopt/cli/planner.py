@@ -143,7 +143,7 @@ def _plan(args: argparse.Namespace) -> int:
     problems = [problem for _, problem in built]
     shares: list[int | None] = [None] * len(joints)
     if args.joint:
-        shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget.fraction))
+        shares = list(split_by_frontiers([p.saved_bytes for p in problems], budget))
     print(f"fxopt plan: {args.target}: {len(joints)} graph(s); hardware {hardware.name} "
           f"({hardware.source}){'; budget split by the frontiers' if args.joint else ''}")
     for index, (joint, problem) in enumerate(zip(joints, problems, strict=True)):
@@ -215,9 +215,9 @@ def _compile_options(args: argparse.Namespace, budget: Any) -> Any:
 
 def _print_joint(model: Any, inputs: Any, budget: Any, hardware: Any, codegen: Any,
                  args: argparse.Namespace, problems: list[Any]) -> None:
-    """The joint plan of every graph (tempo sites x activations x optimizer subgroups)."""
+    """The shared-budget plan of every graph (tempo sites x activations x optimizer subgroups)."""
     from fxopt.cli.capture import capture_dynamo
-    from fxopt.optim.joint import plan_model, subgroups_of
+    from fxopt.optim.shared_budget import plan_model, subgroups_of
     from fxopt.passes.tempo.auto import tempo_variants
 
     if args.tempo == "auto":

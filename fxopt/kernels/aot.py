@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from fxopt.kernels.pointwise.codegen import (
+from fxopt.kernels.fuse_elementwise.triton_source import (
     Layout,
     Program,
     autotune_configs,
@@ -107,14 +107,14 @@ def _ptr(dtype: str) -> str:
 def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 1024
                       ) -> list[KernelSpec]:
     """The tempo GELU and the LSTM/GRU cell kernels, per activation dtype."""
-    from fxopt.kernels.rnn import _BLOCK as rnn_block
+    from fxopt.kernels.fuse_rnn import _BLOCK as rnn_block
     from fxopt.kernels.tempo.gelu import gelu_tables
     from fxopt.kernels.tempo.gelu_coefficients import DEGREE
     from fxopt.kernels.tempo.gelu_triton import BLOCK as GELU_BLOCK
 
     specs = []
     gelu_module = "fxopt.kernels.tempo.gelu_triton"
-    rnn_module = "fxopt.kernels.rnn"
+    rnn_module = "fxopt.kernels.fuse_rnn"
     for name in dtypes:
         p = _ptr(name)
         for approximate in ("none", "tanh"):

@@ -5,7 +5,7 @@ cuDNN on CUDA) and keeps nothing of it for backward but its inputs (the sequence
 states; the weights are parameters). Its backward, ``fxopt::recompute_rnn_backward``, runs
 the same call again under autograd and differentiates it: per-block activation
 checkpointing of one library call, inside a compiled graph. This is what
-:mod:`fxopt.passes.swap_recompute.recompute_rnn` puts in place of a traced ``torch.lstm``
+:mod:`fxopt.passes.recompute_rnn` puts in place of a traced ``torch.lstm``
 under a memory budget, where the alternative, AOTAutograd's per-step decomposition of the
 call, runs slower than the fused call and its recompute together (measured in
 ``benchmarks/results/budget_frontier_models_cpu.md``).

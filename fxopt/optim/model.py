@@ -11,7 +11,7 @@ the offload pass, the runtime and the planner (which may fold it into its solver
 - :func:`plan_offload` chooses the placements: the fastest one whose resident GPU state fits
   ``gpu_state_budget_bytes``, or the fastest with a forced CPU share (``cpu_fraction``);
 - :func:`offload_frontier`: the placements no other beats on both resident state and time,
-  which the joint search (:mod:`fxopt.optim.joint`) pairs with activation plans.
+  which the shared-budget search (:mod:`fxopt.optim.shared_budget`) pairs with activation plans.
 
 The model, with t=0 at the end of the backward (when ``optimizer.step()`` may start) and the
 rates of a :class:`~fxopt.planner.HardwareProfile`:

@@ -20,11 +20,11 @@ from fxopt.passes.base import (
 from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_linear_cross_entropy import fuse_linear_cross_entropy
 from fxopt.passes.fuse_rnn import fuse_rnn
+from fxopt.passes.noop_dropout import noop_dropout
 from fxopt.passes.offload_optimizer import offload_optimizer
+from fxopt.passes.recompute_rnn import recompute_rnn
+from fxopt.passes.swap_prefetch import swap_prefetch
 from fxopt.passes.swap_recompute import swap_recompute
-from fxopt.passes.swap_recompute.noop_dropout import noop_dropout
-from fxopt.passes.swap_recompute.prefetch import swap_prefetch
-from fxopt.passes.swap_recompute.recompute_rnn import recompute_rnn
 from fxopt.passes.tempo import tempo
 
 __all__ = [

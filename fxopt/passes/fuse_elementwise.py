@@ -2,8 +2,8 @@
 
 At the FORWARD and BACKWARD stages, maximal connected sets of pointwise ops of one shape
 (inputs may broadcast to it) are grouped into regions; each region becomes one call of a
-:class:`~fxopt.kernels.pointwise.FusedPointwise` whose kernel is generated from the
-region's ops (:mod:`fxopt.kernels.pointwise`). Every value used outside the region is
+:class:`~fxopt.kernels.fuse_elementwise.FusedPointwise` whose kernel is generated from the
+region's ops (:mod:`fxopt.kernels.fuse_elementwise`). Every value used outside the region is
 written, nothing else: the intermediates never reach memory, and a chain of N ops costs one
 launch and one pass over memory instead of N.
 
@@ -37,10 +37,10 @@ import torch.fx as fx
 
 from fxopt import _compat
 from fxopt.kernels import triton_runs_on
-from fxopt.kernels.pointwise import FusedPointwise, Instr, Op, Program, Unsupported, lower
-from fxopt.kernels.pointwise.codegen import get_kernel, register_dtype
-from fxopt.kernels.pointwise.fused import broadcast_strides, layout_for
-from fxopt.kernels.pointwise.ops import SUPPORTED_DTYPES
+from fxopt.kernels.fuse_elementwise import FusedPointwise, Instr, Op, Program, Unsupported, lower
+from fxopt.kernels.fuse_elementwise.fused import broadcast_strides, layout_for
+from fxopt.kernels.fuse_elementwise.ops import SUPPORTED_DTYPES
+from fxopt.kernels.fuse_elementwise.triton_source import get_kernel, register_dtype
 from fxopt.passes.base import PassContext, PassResult, Verdicts
 
 __all__ = ["fuse_elementwise"]

@@ -7,7 +7,7 @@ and hand-written losses put between them (the upcast ``.float()`` / ``.to(torch.
 ``view``/``reshape``/``flatten`` to (tokens, vocabulary), ``contiguous``, the old shift's
 ``logits[..., :-1, :]``): ``F.linear(h, W, b)``, ``h @ W.T`` / ``h @ W.t()`` /
 ``torch.matmul(h, W.transpose(0, 1))`` (+ b). It replaces the loss by
-:func:`fxopt.kernels.linear_cross_entropy.linear_cross_entropy`, given h with the same
+:func:`fxopt.kernels.fuse_linear_cross_entropy.linear_cross_entropy`, given h with the same
 token slicing and flattened to (tokens, hidden), so the graph never makes the logits (unless
 something else uses them: the Linear then stays for that user) nor keeps their
 log-probabilities for backward. Covered: ``ignore_index``, ``label_smoothing``, ``mean`` and
@@ -39,7 +39,7 @@ import torch
 import torch.fx as fx
 
 from fxopt import _compat
-from fxopt.kernels import linear_cross_entropy as _ops  # noqa: F401  (registers the ops)
+from fxopt.kernels import fuse_linear_cross_entropy as _ops  # noqa: F401  (registers the ops)
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
 from fxopt.passes.torch_calls import arg, example_tensor, is_call
 

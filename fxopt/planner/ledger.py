@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fxopt.config import MemoryBudget
 from fxopt.planner.solvers.fraction import SavedBytesProblem, solve_fraction
 
 __all__ = ["BudgetLedger", "GraphShare", "Replannable", "split_by_frontiers"]
@@ -85,13 +86,14 @@ class BudgetLedger:
     replan_shares: dict[int, int] = field(default_factory=dict)
     replanning: int | None = None
 
-    def share_for(self, fraction: float, plain_bytes: int) -> int:
-        """The saved bytes the next graph (``plain_bytes`` with everything kept) may keep."""
+    def share_for(self, budget: MemoryBudget, plain_bytes: int) -> int:
+        """The saved bytes the next graph (``plain_bytes`` with everything kept) may keep
+        under the fraction ``budget``."""
         if self.replanning is not None:
             return self.replan_shares[self.replanning]
         plain = sum(s.plain_bytes for s in self.shares) + plain_bytes
         kept = sum(s.kept_bytes for s in self.shares)
-        return max(0, int(fraction * plain) - kept)
+        return max(0, budget.saved_bytes_bound(plain) - kept)
 
     def record(self, graph: str, plain_bytes: int, share_bytes: int, kept_bytes: int,
                floor_bytes: int = 0) -> int:
@@ -104,23 +106,24 @@ class BudgetLedger:
         self.shares.append(share)
         return len(self.shares) - 1
 
-    def rebalance(self, fraction: float, plain_bytes: int, floor_bytes: int) -> int | None:
+    def rebalance(self, budget: MemoryBudget, plain_bytes: int,
+                  floor_bytes: int) -> int | None:
         """The share of a next graph whose floor (``floor_bytes``) is above
-        :meth:`share_for`: where the floors of every graph fit ``fraction`` x the plain
-        bytes, earlier graphs, first compiled first, are marked to be planned again with
+        :meth:`share_for`: where the floors of every graph fit the fraction ``budget`` of
+        the plain bytes, earlier graphs, first compiled first, are marked to be planned again with
         smaller shares (``replan_shares``, each down to at most its floor) so that the
         next graph's floor fits, and that share is returned; None where the floors do not
         fit (every earlier graph is then planned again at its floor: the model's floor's
         plan, as for one graph below its floor) or earlier graphs cannot be planned again."""
         if not self.replans or self.replanning is not None:
             return None
-        budget = int(fraction * (self.plain_bytes + plain_bytes))
-        if sum(s.floor_bytes for s in self.shares) + floor_bytes > budget:
+        bound = budget.saved_bytes_bound(self.plain_bytes + plain_bytes)
+        if sum(s.floor_bytes for s in self.shares) + floor_bytes > bound:
             # below the model's floor: its floor's plan, every earlier graph at its floor
             self.replan_shares.update({i: s.floor_bytes for i, s in enumerate(self.shares)
                                        if s.kept_bytes > s.floor_bytes})
             return None
-        excess = floor_bytes - (budget - sum(self._promised(i) for i in range(len(self.shares))))
+        excess = floor_bytes - (bound - sum(self._promised(i) for i in range(len(self.shares))))
         for i, entry in enumerate(self.shares):
             give = min(self._promised(i) - entry.floor_bytes, excess)
             if give > 0:
@@ -129,7 +132,7 @@ class BudgetLedger:
                 log.info("fxopt: memory_budget: graph %s is to be planned again within "
                          "%d bytes (it keeps %d), making room for a later graph's floor",
                          entry.graph, self.replan_shares[i], entry.kept_bytes)
-        return budget - sum(self._promised(i) for i in range(len(self.shares)))
+        return bound - sum(self._promised(i) for i in range(len(self.shares)))
 
     def _promised(self, entry: int) -> int:
         """What an entry keeps, or its smaller share where it is to be planned again."""
@@ -166,8 +169,9 @@ class Replannable:
         return self.compiled(*args)
 
 
-def split_by_frontiers(problems: list[SavedBytesProblem], fraction: float) -> list[int]:
-    """Each graph's share of ``fraction`` x the plain saved bytes of all ``problems``, from
+def split_by_frontiers(problems: list[SavedBytesProblem], budget: MemoryBudget) -> list[int]:
+    """Each graph's share of the fraction ``budget`` of the plain saved bytes of all
+    ``problems``, from
     their search paths (:func:`fxopt.planner.solvers.fraction.solve_fraction`): from every
     graph's floor, repeatedly move one graph along its path to the state that saves the
     most seconds per byte added and still fits; the shares are the states' kept bytes
@@ -178,7 +182,8 @@ def split_by_frontiers(problems: list[SavedBytesProblem], fraction: float) -> li
         floor = min(range(len(path)), key=lambda i: (path[i][0], path[i][1]))
         paths.append(path[floor:])
     at = [0] * len(paths)
-    left = int(fraction * sum(p.plain_bytes for p in problems)) - sum(p[0][0] for p in paths)
+    left = (budget.saved_bytes_bound(sum(p.plain_bytes for p in problems))
+            - sum(p[0][0] for p in paths))
     while True:
         best = None  # (seconds saved per byte, graph, state)
         for graph, path in enumerate(paths):

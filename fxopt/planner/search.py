@@ -1,4 +1,5 @@
-"""The joint search: tempo sites, the activation plan and the optimizer split under one budget.
+"""The shared-budget search: tempo sites, the activation plan and the optimizer split under
+one budget.
 
 The activation MILP (:func:`fxopt.planner.plan_step`) decides keep, recompute or swap per
 saved tensor. Two more knobs change what it should do, and are chosen here by an outer
@@ -13,18 +14,18 @@ into the MILP would multiply its size):
   are a tie, and a tie goes to fewer tempo kinds (tempo rebuilds gradients from outputs, a
   numerics change taken only when it pays). The margin is only rounding's: a wider one
   would let a tempo-free plan win while a predicted-faster one meets the budget, and the
-  joint plan must never be predicted slower than the best separately chosen one. When no
+  shared-budget plan must never be predicted slower than the best separately chosen one. When no
   variant meets the budget, the one closest to it wins (least saved bytes or peak), then
   fewer kinds.
-- **optimizer subgroups** (:func:`fxopt.optim.joint.choose_with_optimizer`, in the optimizer
+- **optimizer subgroups** (:func:`fxopt.optim.shared_budget.choose_with_optimizer`, in the optimizer
   package, which the planner must not import): under a byte budget with an
   offloaded optimizer, the device-resident optimizer state and the step's predicted peak
   share the budget. For every non-dominated placement of the subgroups
   (:func:`fxopt.optim.model.offload_frontier`: resident state vs optimizer seconds), the
-  activation plan is solved under what that placement leaves; the joint plan is the one
+  activation plan is solved under what that placement leaves; the shared-budget plan is the one
   with the least predicted step + optimizer time. The separately chosen pair (activations
   planned under the whole budget, then the fastest placement in what is left) is always a
-  candidate too, so the joint choice is never predicted slower.
+  candidate too, so the shared-budget choice is never predicted slower.
 
 Cost: one ``plan_step`` per candidate; the tempo search has ``2**k`` variants for the
 ``k`` kinds present (at most 8 in a transformer: GELU, norm, attention), each also needing
@@ -122,13 +123,13 @@ class JointChoice:
     reason: str
 
     def table(self) -> str:
-        """The joint plan as text: tempo sites taken and why, tensors recomputed, swapped
+        """The shared-budget plan as text: tempo sites taken and why, tensors recomputed, swapped
         and kept, optimizer subgroups on the host and the device, predicted peak and time;
         then one row per candidate evaluated."""
         c, p = self.chosen, self.chosen.plan
         counts = {a: sum(1 for v in p.actions.values() if v == a) for a in ("recompute", "swap")}
         saved = len(p.extra.get("tensors", []))
-        lines = [f"joint plan{'' if c.feasible else ' (OVER BUDGET)'}: {self.reason}",
+        lines = [f"shared-budget plan{'' if c.feasible else ' (OVER BUDGET)'}: {self.reason}",
                  f"  tempo sites taken: {', '.join(c.tempo) or 'none'}",
                  f"  tensors: recompute {counts['recompute']}, swap {counts['swap']}, keep "
                  f"{max(saved - counts['recompute'] - counts['swap'], 0)}"]

@@ -43,9 +43,8 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from fxopt.config import MemoryBudget, parse_memory_budget
+from fxopt.config import MemoryBudget
 from fxopt.planner.activations import ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.ledger import BudgetLedger
@@ -60,7 +59,7 @@ from fxopt.planner.solvers.greedy import solve_greedy
 from fxopt.planner.solvers.milp import DEFAULT_TIME_LIMIT, solve_activations
 from fxopt.units import format_mib
 
-__all__ = ["SOLVERS", "InfeasibleBudget", "StepProblem", "budget_bytes_for", "plan_step"]
+__all__ = ["SOLVERS", "InfeasibleBudget", "StepProblem", "plan_step"]
 
 log = logging.getLogger(__name__)
 
@@ -122,21 +121,6 @@ def plan_step(problem: StepProblem, budget: MemoryBudget | None, hardware: Hardw
     return plan
 
 
-def budget_bytes_for(budget: Any, keep_all_peak: int, activation_bytes: int) -> int:
-    """A peak bound in bytes from an option value (a ``MemoryBudget``, int bytes or a float
-    fraction, validated as the option is): :meth:`MemoryBudget.peak_bytes_bound`."""
-    if not isinstance(budget, MemoryBudget):
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-            raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes nor "
-                             "a fraction in (0, 1]")
-        try:
-            budget = parse_memory_budget(budget)
-        except ValueError as error:
-            raise ValueError(f"fxopt: memory budget {budget!r} is neither positive bytes "
-                             f"nor a fraction in (0, 1] ({error})") from error
-    return budget.peak_bytes_bound(keep_all_peak, activation_bytes)
-
-
 def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: HardwareProfile,
                    strict: bool, replay: Plan | None, ledger: BudgetLedger | None,
                    share_bytes: int | None) -> Plan:
@@ -145,7 +129,7 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
     if share_bytes is not None:
         target = share_bytes
     elif ledger is not None:
-        target = ledger.share_for(fraction, saved.plain_bytes)
+        target = ledger.share_for(budget, saved.plain_bytes)
     else:
         target = budget.saved_bytes_bound(saved.plain_bytes)
     if replay is None:
@@ -154,7 +138,7 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
 
         decision = solve(target)
         if not decision.feasible and ledger is not None and share_bytes is None and (
-                rebalanced := ledger.rebalance(fraction, saved.plain_bytes,
+                rebalanced := ledger.rebalance(budget, saved.plain_bytes,
                                                decision.floor_bytes)) is not None:
             target = rebalanced  # earlier graphs are planned again with less
             decision = solve(target)

@@ -63,3 +63,15 @@ def test_time_ratios_from_an_unreliable_step_time_are_marked():
     assert "| w | fxopt | 0.50* | 1.00 | 0.50* (eager) |" in noisy
     assert "unreliable time ratio" in noisy
     assert "| eager | ok | 2 | 10.0* | 1% |" in noisy
+
+
+def test_interleaved_timing_takes_one_step_of_each_per_round_in_rotated_order():
+    """First calls and warm-up of each candidate, then one step of each per round, the
+    order rotated every round, so a load that comes and goes falls on all of them alike."""
+    from fxopt.bench import timing
+
+    order = []
+    steps = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    timings = timing.interleaved(steps, "cpu", warmup=1, rounds=3)
+    assert order == ["a", "b", "c"] * 2 + ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [len(t.times_s) for t in timings.values()] == [3, 3, 3]

@@ -13,6 +13,7 @@ import fxopt.optim
 import fxopt.testing
 from fxopt import doctor, doctor_offload
 from fxopt.__main__ import main
+from fxopt.bench import timing
 from fxopt.doctor import (
     CHECKS,
     Check,
@@ -285,7 +286,8 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
 
     monkeypatch.setattr(torch, "compile", compile_without_the_entry_point)
     times = {"eager": [30.0] * 3, "torch.compile": [10.0, 11.0, 9.0], "fxopt": [10.5] * 3}
-    monkeypatch.setattr(doctor, "_interleaved_ms", lambda steps, device: times)
+    monkeypatch.setattr(timing, "interleaved", lambda steps, device, warmup: {
+        name: timing.Timing(0.0, [t / 1e3 for t in times[name]]) for name in steps})
     check = _run("speed")
     assert check.status == "ok", check.detail
     assert backends[0] == "inductor" and isinstance(backends[1], fxopt.compiler.Backend)
@@ -294,14 +296,6 @@ def test_speed_runs_without_the_entry_point_and_fails_when_fxopt_is_slower(
     assert check.status == "failed" and "20% more than Inductor's 10" in check.detail
     assert check.data == {"eager ms/step": 30.0, "torch.compile ms/step": 10.0,
                           "fxopt ms/step": 12.0}
-
-
-def test_interleaved_timing_takes_one_step_of_each_per_round():
-    order = []
-    steps = {name: (lambda name=name: order.append(name)) for name in ("a", "b")}
-    samples = doctor._interleaved_ms(steps, torch.device("cpu"), warmup=1, rounds=3)
-    assert order == ["a", "b"] + ["a", "b"] * 3
-    assert [len(s) for s in samples.values()] == [3, 3]
 
 
 def test_memory_compares_peaks_above_the_parameters_and_inputs_on_both_sides():

@@ -208,13 +208,13 @@ def test_calibrate_on_the_gpu_measures_host_copies(tmp_path, monkeypatch):
 
 def test_plan_prints_the_joint_plan_of_tempo_activations_and_optimizer(capsys):
     """Block (dim 64) under 2.1 MiB: the activations alone fit, but not with the optimizer
-    state beside them; the joint plan recomputes to make room, and takes tempo's sites
+    state beside them; the shared-budget plan recomputes to make room, and takes tempo's sites
     only where they pay."""
     assert main(["plan", TARGET, "--budget", "2.1MiB", "--points", "2", "--tempo", "auto",
                  "--optimizer-subgroups", "4"]) == 0
     out = capsys.readouterr().out
-    joint = out[out.index("g0 joint plan"):]
-    assert joint.startswith("g0 joint plan: meets the budget")
+    joint = out[out.index("g0 shared-budget plan"):]
+    assert joint.startswith("g0 shared-budget plan: meets the budget")
     assert "tempo sites taken: " in joint and "tensors: recompute " in joint
     assert "optimizer subgroups: " in joint and " on host, " in joint
     assert "predicted peak " in joint and "(step " in joint and "+ optimizer " in joint

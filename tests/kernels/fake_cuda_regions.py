@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxopt
-from fxopt.kernels.pointwise import codegen
+from fxopt.kernels.fuse_elementwise import triton_source
 
 CUDA = torch.device("cuda", 0)
 aten = torch.ops.aten
@@ -160,7 +160,7 @@ def capture_dynamo_graphs(run: Callable[[], Any]) -> list[tuple[fx.GraphModule, 
 
 
 def cuda_regions(run: Callable[[Any], Any], autocast: torch.dtype | None
-                 ) -> tuple[list[tuple[codegen.Program, codegen.Layout]], list[str]]:
+                 ) -> tuple[list[tuple[triton_source.Program, triton_source.Layout]], list[str]]:
     """(program, layout) of every kernel fuse_elementwise generates for the CUDA graphs of
     ``run(backend)`` (a forward on the CPU through ``torch.compile(model, backend=...)``,
     under ``torch.autocast("cpu", autocast)`` when set, so tensors passed between graphs
@@ -168,7 +168,7 @@ def cuda_regions(run: Callable[[Any], Any], autocast: torch.dtype | None
     import torch._functorch.config as functorch_config
 
     graphs = capture_dynamo_graphs(run)
-    before = set(codegen.cached_programs())
+    before = set(triton_source.cached_programs())
     backend = fxopt.backend(codegen="fx", fuse_elementwise=True, strict=True)
     skipped = []
     for index, (gm, example_inputs) in enumerate(graphs):
@@ -192,7 +192,7 @@ def cuda_regions(run: Callable[[Any], Any], autocast: torch.dtype | None
         except Exception as exc:  # noqa: BLE001 (an fxopt failure on the CUDA graph: named)
             skipped.append(f"graph {index}: fxopt failed: {type(exc).__name__}: "
                            f"{str(exc)[:120]}")
-    programs = [key for key in codegen.cached_programs() if key not in before]
+    programs = [key for key in triton_source.cached_programs() if key not in before]
     return programs, skipped
 
 

@@ -10,7 +10,7 @@ step of a batch-first projection).
 import pytest
 import torch
 
-from fxopt.kernels import rnn, triton_runs_on
+from fxopt.kernels import fuse_rnn, triton_runs_on
 
 B, H = 3, 37
 _REFERENCES = ("lstm_forward_reference", "lstm_backward_reference", "gru_forward_reference",
@@ -24,7 +24,7 @@ def path(request, monkeypatch):
     if request.param == "triton" and not triton_runs_on("cpu"):
         pytest.skip("Triton kernels run on the CPU only with TRITON_INTERPRET=1")
     if request.param == "reference":
-        monkeypatch.setattr(rnn, "_use_triton", lambda *tensors: False)
+        monkeypatch.setattr(fuse_rnn, "_use_triton", lambda *tensors: False)
     called = []
 
     def counting(name, original):
@@ -34,7 +34,7 @@ def path(request, monkeypatch):
         return counted
 
     for name in _REFERENCES:
-        monkeypatch.setattr(rnn, name, counting(name, getattr(rnn, name)))
+        monkeypatch.setattr(fuse_rnn, name, counting(name, getattr(fuse_rnn, name)))
     yield request.param
     assert bool(called) == (request.param == "reference"), (
         f"meant to test the {request.param} path; torch reference calls: {called}")
@@ -77,7 +77,7 @@ def test_lstm_cell_op_matches_autograd(order):
     a_wide, b, c, bias_a = _leaves((B, 2, 4 * H), (B, 4 * H), (B, H), (4 * H,))
 
     def fused(a_wide, b, c, bias_a):
-        h, c_new, _ = rnn.lstm_cell(a_wide[:, 1], b, c, bias_a, None, list(order))
+        h, c_new, _ = fuse_rnn.lstm_cell(a_wide[:, 1], b, c, bias_a, None, list(order))
         return h, c_new
 
     _check(fused, lambda a_wide, b, c, bias_a: _lstm_eager(a_wide[:, 1], b, c, bias_a, order),
@@ -90,7 +90,7 @@ def test_gru_cell_op_matches_autograd(order):
     leaves = _leaves((B, 3 * H), (B, 3 * H), (B, H), (3 * H,))
 
     def fused(a, b, h, bias_b):
-        return (rnn.gru_cell(a, b, h, None, bias_b, list(order))[0],)
+        return (fuse_rnn.gru_cell(a, b, h, None, bias_b, list(order))[0],)
 
     _check(fused, lambda a, b, h, bias_b: (_gru_eager(a, b, h, bias_b, order),), leaves)
 
@@ -100,8 +100,8 @@ def test_lstm_cell_op_in_bfloat16_keeps_a_float32_state():
     torch.manual_seed(0)
     a, b = (torch.randn(B, 4 * H, dtype=torch.bfloat16) for _ in range(2))
     c = torch.randn(B, H)
-    h, c_new, gates = rnn.lstm_cell(a, b, c, None, None, list(rnn.LSTM_ORDER))
-    h_ref, c_ref = _lstm_eager(a.float(), b.float(), c, torch.zeros(4 * H), rnn.LSTM_ORDER)
+    h, c_new, gates = fuse_rnn.lstm_cell(a, b, c, None, None, list(fuse_rnn.LSTM_ORDER))
+    h_ref, c_ref = _lstm_eager(a.float(), b.float(), c, torch.zeros(4 * H), fuse_rnn.LSTM_ORDER)
     assert h.dtype == c_new.dtype == torch.float32
     torch.testing.assert_close(h, h_ref)
     torch.testing.assert_close(c_new, c_ref)
@@ -114,8 +114,8 @@ def test_lstm_cell_op_all_bfloat16():
     a, b = (torch.randn(B, 4 * H, dtype=torch.bfloat16) for _ in range(2))
     c = torch.randn(B, H, dtype=torch.bfloat16)
     bias = torch.randn(4 * H, dtype=torch.bfloat16)
-    h, c_new, _ = rnn.lstm_cell(a, b, c, None, bias, list(rnn.LSTM_ORDER))
-    h_ref, c_ref = _lstm_eager(b.float(), a.float(), c.float(), bias.float(), rnn.LSTM_ORDER)
+    h, c_new, _ = fuse_rnn.lstm_cell(a, b, c, None, bias, list(fuse_rnn.LSTM_ORDER))
+    h_ref, c_ref = _lstm_eager(b.float(), a.float(), c.float(), bias.float(), fuse_rnn.LSTM_ORDER)
     assert h.dtype == c_new.dtype == torch.bfloat16
     torch.testing.assert_close(h.float(), h_ref, rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(c_new.float(), c_ref, rtol=1.6e-2, atol=1e-2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fxopt.kernels import triton_installed, triton_runs_on
-from fxopt.kernels.pointwise.codegen import Instr, Layout, Program, vector_elements
+from fxopt.kernels.fuse_elementwise.triton_source import Instr, Layout, Program, vector_elements
 
 pytestmark = pytest.mark.skipif(not triton_installed(), reason="needs Triton")
 

@@ -14,7 +14,7 @@ SCRIPT = r"""
 import os, warnings
 import torch, triton, fxopt
 from torch import nn
-from fxopt.kernels import rnn
+from fxopt.kernels import fuse_rnn
 from fxopt.testing import assert_same_as_eager
 
 os.environ["TRITON_INTERPRET"] = "1"  # too late: triton is imported
@@ -24,8 +24,8 @@ with warnings.catch_warnings(record=True) as caught:
     comparison = assert_same_as_eager(model, (torch.randn(3, 8),),
                                       {"tempo": True, "fuse_elementwise": True})
     a, b, c = torch.randn(2, 12), torch.randn(2, 12), torch.randn(2, 3)
-    got = rnn.lstm_forward(a, b, c, None, None, rnn.LSTM_ORDER)
-    want = rnn.lstm_forward_reference(a, b, c, None, None, rnn.LSTM_ORDER)
+    got = fuse_rnn.lstm_forward(a, b, c, None, None, fuse_rnn.LSTM_ORDER)
+    want = fuse_rnn.lstm_forward_reference(a, b, c, None, None, fuse_rnn.LSTM_ORDER)
 assert all(torch.equal(x, y) for x, y in zip(got, want))
 assert comparison.fired("tempo"), "tempo did not rewrite the model"
 late = [str(w.message) for w in caught if "TRITON_INTERPRET" in str(w.message)]

@@ -8,9 +8,12 @@ from torch import nn
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
+from fxopt.config import MemoryBudget
 from fxopt.planner.ledger import BudgetLedger, split_by_frontiers
 from fxopt.planner.solvers.fraction import RecomputeOption, SavedBytesProblem, solve_fraction
 from fxopt.testing import assert_same_as_eager
+
+HALF = MemoryBudget(fraction=0.5)
 
 
 class BrokenMLP(nn.Module):
@@ -60,11 +63,11 @@ def test_graphs_share_one_budget_and_the_model_keeps_within_it(fraction):
 
 def test_what_an_earlier_graph_leaves_unused_is_the_next_graphs():
     ledger = BudgetLedger()
-    assert ledger.share_for(0.5, 1000) == 500
+    assert ledger.share_for(HALF, 1000) == 500
     ledger.record("g0", 1000, 500, 300)        # kept 200 bytes less than its share
-    assert ledger.share_for(0.5, 1000) == 700  # 0.5 x 2000 - 300
+    assert ledger.share_for(HALF, 1000) == 700  # 0.5 x 2000 - 300
     ledger.record("g1", 1000, 700, 900)        # above its share (its floor)
-    assert ledger.share_for(0.5, 400) == 0     # 0.5 x 2400 - 1200: nothing left
+    assert ledger.share_for(HALF, 400) == 0     # 0.5 x 2400 - 1200: nothing left
     assert (ledger.plain_bytes, ledger.kept_bytes) == (2000, 1200)
 
 
@@ -86,13 +89,13 @@ def test_split_by_frontiers_gives_the_bytes_where_they_save_the_most_time():
     costly, cheap = _one_tensor_graph("a", 10.0), _one_tensor_graph("b", 1.0)
     # compiled one at a time, the first graph gets half of its own and must recompute
     ledger = BudgetLedger()
-    first = solve_fraction(costly, ledger.share_for(0.5, costly.plain_bytes))
+    first = solve_fraction(costly, ledger.share_for(HALF, costly.plain_bytes))
     assert first.recompute == ("a",) and first.added_seconds == 10.0
     # known together, the budget's 100 bytes go to the costly graph: 1 s instead of 10 s
-    assert split_by_frontiers([costly, cheap], 0.5) == [100, 0]
-    assert split_by_frontiers([cheap, costly], 0.5) == [0, 100]
-    assert split_by_frontiers([costly, cheap], 0.0) == [0, 0]  # the floors
-    assert split_by_frontiers([costly, cheap], 1.0) == [100, 100]
+    assert split_by_frontiers([costly, cheap], HALF) == [100, 0]
+    assert split_by_frontiers([cheap, costly], HALF) == [0, 100]
+    assert split_by_frontiers([costly, cheap], MemoryBudget(fraction=0.0)) == [0, 0]  # the floors
+    assert split_by_frontiers([costly, cheap], MemoryBudget(fraction=1.0)) == [100, 100]
 
 
 def test_a_graph_whose_floor_misses_its_share_gets_room_from_earlier_graphs():
@@ -102,17 +105,17 @@ def test_a_graph_whose_floor_misses_its_share_gets_room_from_earlier_graphs():
     ledger.record("g0", 1000, 500, 500, floor_bytes=100)
     ledger.record("g1", 1000, 500, 400, floor_bytes=300)
     # g2: plain 1000, floor 800; 0.5 x 3000 - 900 = 600 left: 200 short
-    assert ledger.share_for(0.5, 1000) == 600
-    assert ledger.rebalance(0.5, 1000, 800) == 800
+    assert ledger.share_for(HALF, 1000) == 600
+    assert ledger.rebalance(HALF, 1000, 800) == 800
     assert ledger.replan_shares == {0: 300}  # the first graph gives the 200 bytes back
     ledger.record("g2", 1000, 800, 800, floor_bytes=800)
     ledger.replanning = 0  # what Replannable does at g0's next call
-    assert ledger.share_for(0.5, 1000) == 300
+    assert ledger.share_for(HALF, 1000) == 300
     assert ledger.record("g0", 1000, 300, 250, floor_bytes=100) == 0
     ledger.replanning = None
     assert ledger.replan_shares == {} and ledger.kept_bytes == 250 + 400 + 800 <= 1500
     # floors above the budget: no share (strict raises, as for one graph); the earlier
     # graphs go to their floors, the model's floor's plan
-    assert ledger.rebalance(0.5, 1000, 1900) is None
+    assert ledger.rebalance(HALF, 1000, 1900) is None
     assert ledger.replan_shares == {0: 100, 1: 300}
-    assert BudgetLedger().rebalance(0.5, 1000, 800) is None  # fxopt plan's: cannot replan
+    assert BudgetLedger().rebalance(HALF, 1000, 800) is None  # fxopt plan's: cannot replan

@@ -4,7 +4,6 @@ fraction, exactly one, and each conversion to bytes is a named method the planne
 import pytest
 
 from fxopt.config import MemoryBudget, parse_memory_budget
-from fxopt.planner.step import budget_bytes_for
 
 
 @pytest.mark.parametrize("fields", [{}, {"bytes": 10, "fraction": 0.5}])
@@ -22,5 +21,3 @@ def test_the_conversions_say_what_each_kind_bounds():
     assert six.peak_bytes_bound(keep_all_peak=1, activation_bytes=1) == 6 * 1024
     with pytest.raises(ValueError, match="bounds the peak"):
         six.saved_bytes_bound(1000)
-    # the option values budget_bytes_for takes are parsed as the option is
-    assert budget_bytes_for(0.5, 1000, 600) == 700 and budget_bytes_for(4096, 1, 1) == 4096

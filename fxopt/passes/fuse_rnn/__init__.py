@@ -10,7 +10,7 @@ Runs at PRE_AUTOGRAD on Dynamo's torch-level graph and rewrites, in this order:
 and hoists the input projections of unrolled loops into one GEMM each (`hoist`).
 
 Each fused step is the ``fxopt::lstm_cell`` / ``fxopt::gru_cell`` custom op of
-`fxopt.kernels.rnn` (Triton forward and backward kernels where Triton runs, the torch
+`fxopt.kernels.fuse_rnn` (Triton forward and backward kernels where Triton runs, the torch
 reference elsewhere, so the pass fires on every device). Stats: ``fused`` counts per form,
 ``declined`` counts per form and reason, ``hoisted_input_projections``.
 """

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
+from fxopt.kernels.fuse_rnn import GRU_ORDER, LSTM_ORDER
 from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem, same_shape
 from fxopt.passes.fuse_rnn.hoist import LINEAR, hoist_input_projections
 from fxopt.passes.torch_calls import example_tensor, example_value

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-import fxopt.kernels.rnn  # noqa: F401  (registers the fxopt::lstm_cell / gru_cell ops)
+import fxopt.kernels.fuse_rnn  # noqa: F401  (registers the fxopt::lstm_cell / gru_cell ops)
 from fxopt.passes.base import PassContext, Verdicts
 from fxopt.passes.torch_calls import is_call
 

@@ -21,7 +21,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from fxopt.kernels.rnn import GRU_ORDER, LSTM_ORDER
+from fxopt.kernels.fuse_rnn import GRU_ORDER, LSTM_ORDER
 from fxopt.passes.fuse_rnn.choice import choose, warn_forced
 from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem
 from fxopt.passes.fuse_rnn.hoist import LINEAR

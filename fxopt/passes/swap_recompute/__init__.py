@@ -19,12 +19,13 @@ At the JOINT stage (AOTAutograd's joint forward+backward graph, before the parti
    budgeted min-cut instead, within the graph's share (:mod:`.inductor_budget`; the plan's
    tags are its fallback), random ops replayed exactly there too.
 
-Two rewrites run before autograd under the same flag: ``noop_dropout`` (:mod:`.noop_dropout`)
-drops dropout calls that return their input, so the plain saved bytes a fraction is taken
-of are eager's; ``recompute_rnn`` (:mod:`.recompute_rnn`) makes each whole ``nn.LSTM`` /
-``nn.GRU`` call the library's fused RNN that saves only its inputs and runs again in the
-backward; it reports a lower bound of the saved bytes it took out of the graph, which a
-fraction's base adds back (``removed_bytes``), so the fraction stays one of eager's bytes.
+Two rewrites run before autograd under the same flag: ``noop_dropout``
+(:mod:`fxopt.passes.noop_dropout`) drops dropout calls that return their input, so the plain
+saved bytes a fraction is taken of are eager's; ``recompute_rnn``
+(:mod:`fxopt.passes.recompute_rnn`) makes each whole ``nn.LSTM`` / ``nn.GRU`` call the
+library's fused RNN that saves only its inputs and runs again in the backward; it reports a
+lower bound of the saved bytes it took out of the graph, which a fraction's base adds back
+(``removed_bytes``), so the fraction stays one of eager's bytes.
 
 A fraction is the model's: the graphs one backend compiles share it, each planned within
 what the graphs before it left (:mod:`fxopt.planner.ledger`; ``stats["share_bytes"]``).

@@ -64,7 +64,7 @@ def test_auto_leaves_the_tables_lstm_to_cudnn_and_says_why(h100):
 def test_recompute_rnn_takes_the_call_cudnn_keeps(h100):
     """Without a budget too: else AOTAutograd would decompose the call into per-step ops."""
     from fxopt.passes import get_pass
-    from fxopt.passes.swap_recompute.recompute_rnn import recompute_rnn
+    from fxopt.passes.recompute_rnn import recompute_rnn
 
     module, x = _table_lstm()
     gm = _captured(module, x)

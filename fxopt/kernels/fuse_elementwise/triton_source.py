@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fxopt.kernels import triton_interpreting
-from fxopt.kernels.pointwise.ops import EXPRESSIONS
+from fxopt.kernels.fuse_elementwise.ops import EXPRESSIONS
 
 __all__ = ["Instr", "Layout", "Program", "Ref", "autotune_configs", "cached_kernels",
            "cached_programs", "get_kernel", "kernel_source", "vector_elements"]

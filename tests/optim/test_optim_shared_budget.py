@@ -1,4 +1,4 @@
-"""One byte budget for activations and optimizer state (fxopt.optim.joint): the joint
+"""One byte budget for activations and optimizer state (fxopt.optim.shared_budget): the joint
 choice against brute force over every action x every placement, and never worse than the
 separate choice (activations first, then the optimizer in what is left)."""
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from fxopt.optim.joint import choose_with_optimizer, resident_bytes
 from fxopt.optim.model import PLACEMENTS, ParamInfo, offload_frontier, simulate, split_subgroups
+from fxopt.optim.shared_budget import choose_with_optimizer, resident_bytes
 from fxopt.planner import (
     ActivationChoice,
     ActivationProblem,

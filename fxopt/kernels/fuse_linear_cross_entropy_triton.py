@@ -10,8 +10,8 @@ of one vocabulary block of logits; the matmuls around them stay cuBLAS (torch).
   program per (token, column tile).
 
 Both read ``z`` in its dtype and compute in fp32. The torch references they must equal are
-:func:`fxopt.kernels.linear_cross_entropy.lse_block_reference` and
-:func:`~fxopt.kernels.linear_cross_entropy.dlogits_block_reference`. Imported only where
+:func:`fxopt.kernels.fuse_linear_cross_entropy.lse_block_reference` and
+:func:`~fxopt.kernels.fuse_linear_cross_entropy.dlogits_block_reference`. Imported only where
 Triton runs (see ``fxopt.kernels.triton_runs_on``).
 """
 

@@ -1,4 +1,4 @@
-"""One byte budget for activations and optimizer state: the joint search (Mist's idea).
+"""One byte budget for activations and optimizer state: the shared-budget search (Mist's idea).
 
 With an offloaded optimizer (:func:`fxopt.optim.offload`), the optimizer state resident
 on the device and the step's predicted peak share one budget, so the activation plan and
@@ -12,7 +12,7 @@ MILP, see :mod:`fxopt.planner.search`):
   weights, state and buffers count as resident too;
 - per tempo variant (``variants``, as :mod:`fxopt.passes.tempo.auto` builds them) the same;
 - the separately chosen pair (activations planned under the whole budget, then the
-  fastest placement in what is left) is a candidate too, so the joint plan is never
+  fastest placement in what is left) is a candidate too, so the shared-budget plan is never
   predicted slower than it;
 - the plan taken: the least predicted step + optimizer time whose peak plus resident
   state fits (:func:`fxopt.planner.search.best_candidate`; ties to fewer tempo kinds).
@@ -56,14 +56,14 @@ def choose_with_optimizer(variants: dict[tuple[str, ...], StepProblem], budget_b
                           subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,
                           time_limit: float = 10.0, states_per_param: int = 2
                           ) -> tuple[JointChoice, Candidate]:
-    """The joint plan under ``budget_bytes`` for the step and the optimizer state, and the
-    separately chosen pair without tempo: (joint choice, separate candidate)."""
+    """The shared-budget plan under ``budget_bytes`` for the step and the optimizer state, and the
+    separately chosen pair without tempo: (shared-budget choice, separate candidate)."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) \
             or budget_bytes <= 0:
-        raise ValueError(f"fxopt: the joint optimizer search takes a byte budget, "
+        raise ValueError(f"fxopt: the shared-budget search takes a byte budget, "
                          f"got {budget_bytes!r}")
     if () not in variants:
-        raise ValueError("fxopt: the joint search needs the variant without tempo")
+        raise ValueError("fxopt: the shared-budget search needs the variant without tempo")
     frontier = offload_frontier(subgroups, hardware, states_per_param=states_per_param)
 
     def solve(problem: StepProblem, bound: int) -> Plan:
@@ -108,7 +108,7 @@ def subgroups_of(parameters: Iterable[Any], count: int) -> list[Subgroup]:
 def plan_model(graphs: Sequence[dict[tuple[str, ...], StepProblem]], budget: MemoryBudget,
                hardware: HardwareProfile, *, subgroups: Sequence[Subgroup] | None = None,
                time_limit: float = 10.0) -> list[JointChoice]:
-    """The joint choice for each graph of a model (``graphs``: each one's tempo variants,
+    """The shared-budget choice for each graph of a model (``graphs``: each one's tempo variants,
     in compilation order). A fraction is the model's, shared through a
     :class:`~fxopt.planner.ledger.BudgetLedger` as compilation shares it. With
     ``subgroups`` (a byte budget), the optimizer is planned jointly with the graph holding

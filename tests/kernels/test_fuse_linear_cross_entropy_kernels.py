@@ -10,7 +10,7 @@ label smoothing, ignored tokens, both reductions. The kernels run under
 import pytest
 import torch
 
-from fxopt.kernels import linear_cross_entropy as lce
+from fxopt.kernels import fuse_linear_cross_entropy as lce
 from fxopt.kernels import triton_installed, triton_runs_on
 
 SHAPES = [(7, 5, 131), (33, 16, 1000)]
@@ -103,7 +103,7 @@ def test_bad_arguments_raise():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing):
-    from fxopt.kernels import linear_cross_entropy_triton as kernels
+    from fxopt.kernels import fuse_linear_cross_entropy_triton as kernels
 
     generator = torch.Generator().manual_seed(1)
     tokens, vocab, v0 = 7, 131, 40
@@ -131,7 +131,7 @@ def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing):
 def test_triton_kernels_compile_for_sm80_and_sm90_without_spills():
     from fxopt.kernels import aot
 
-    module = "fxopt.kernels.linear_cross_entropy_triton"
+    module = "fxopt.kernels.fuse_linear_cross_entropy_triton"
     specs = []
     for name in ("bf16", "fp32"):
         specs.append(aot.KernelSpec(

@@ -1,16 +1,16 @@
-"""Issue 16's done-when on the CPU: the joint plan against the best separately chosen one.
+"""Issue 16's done-when on the CPU: the shared-budget plan against the best separately chosen one.
 
 For transformers GPT-2, BERT and Llama at the benchmark suite's CPU size (4 layers, hidden
 256, seq 128, batch 4, dropout 0.1, eager attention), with an offloaded optimizer
 (AdamW-like: 2 states per parameter, 4 subgroups) and 6 byte budgets from the lowest
 reachable to everything kept:
 
-- **joint**: :func:`fxopt.optim.joint.plan_model` (tempo kinds x the activation MILP x the
+- **joint**: :func:`fxopt.optim.shared_budget.plan_model` (tempo kinds x the activation MILP x the
   subgroups' placement, chosen together under one budget);
 - **separate**: the best of tempo off and tempo on (every kind), each with the activation
   MILP under the whole budget and then the fastest optimizer placement in what is left
   (the passes chosen one after another, as before issue 16);
-- **measured**: the model compiled with the joint choice (``memory_budget`` = the budget
+- **measured**: the model compiled with the shared-budget choice (``memory_budget`` = the budget
   minus the optimizer's resident bytes, tempo as chosen: off, on, or ``"auto"`` for a
   subset, which redoes the same search), one step profiled by ``fxopt.profile_memory``;
   the budget holds when the measured step peak plus the resident optimizer bytes is
@@ -19,7 +19,7 @@ reachable to everything kept:
 Predicted times come from the planner's cost model (``profile_for("cpu")``), not from a
 stopwatch: this compares plans, the planner's accuracy is benchmarks/planner_accuracy.py's.
 
-    PYTHONPATH=. python benchmarks/joint_plan.py --out benchmarks/results/joint_plan_cpu.md
+    PYTHONPATH=. python benchmarks/shared_budget.py --out benchmarks/results/shared_budget_cpu.md
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from codegen_auto import SIZES, build
 import fxopt
 from fxopt.cli.capture import capture_dynamo
 from fxopt.config import MemoryBudget
-from fxopt.optim.joint import plan_model, resident_bytes, subgroups_of
 from fxopt.optim.model import offload_frontier
+from fxopt.optim.shared_budget import plan_model, resident_bytes, subgroups_of
 from fxopt.passes.tempo.auto import tempo_variants
 from fxopt.planner import profile_for
 from fxopt.planner.search import predicted_seconds, quiet_plan
@@ -142,7 +142,7 @@ def run(name, hardware, rows):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["gpt2", "bert", "llama"])
-    parser.add_argument("--out", default="benchmarks/results/joint_plan_cpu.md")
+    parser.add_argument("--out", default="benchmarks/results/shared_budget_cpu.md")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hardware = profile_for("cpu")
@@ -150,7 +150,7 @@ def main() -> None:
     for name in args.models:
         run(name, hardware, rows)
     lines = ["# Joint plan vs the best separately chosen plan (CPU, predicted times)", "",
-             "`PYTHONPATH=. python benchmarks/joint_plan.py` (hardware profile: "
+             "`PYTHONPATH=. python benchmarks/shared_budget.py` (hardware profile: "
              f"{hardware.name}, {hardware.source}; {SUBGROUPS} optimizer subgroups, "
              "2 states per parameter)", "",
              "| model | budget | joint ms | best separate ms | joint <= separate | tempo taken "
@@ -169,7 +169,7 @@ def main() -> None:
     traced = {r["model"]: r["trace_s"] for r in rows}
     lines += ["", "Tracing the tempo variants (once per model, every subset of its site kinds): "
               + ", ".join(f"{m} {s:.1f} s" for m, s in traced.items()) + "; `search s`: the "
-              "joint search per budget (MILPs over variants x optimizer placements)."]
+              "shared-budget search per budget (MILPs over variants x optimizer placements)."]
     warned = sorted({w for r in rows for w in r["warned"]})
     if warned:
         lines += ["", "Warnings while measuring:", *[f"- {w}" for w in warned]]

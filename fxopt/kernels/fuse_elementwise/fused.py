@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fxopt.kernels import triton_interpreting
-from fxopt.kernels.pointwise.codegen import Layout, Program, get_kernel
+from fxopt.kernels.fuse_elementwise.triton_source import Layout, Program, get_kernel
 
 __all__ = ["FusedPointwise", "broadcast_strides", "layout_for"]
 

@@ -35,7 +35,7 @@ narrower than that run far below peak); the ``block_bytes`` argument overrides t
 bound. The pass uses the default.
 
 On CUDA, the per-block reductions and pointwise math run in Triton
-(:mod:`fxopt.kernels.linear_cross_entropy_triton`); elsewhere their torch references below.
+(:mod:`fxopt.kernels.fuse_linear_cross_entropy_triton`); elsewhere their torch references below.
 Loss and gradients equal ``F.cross_entropy(F.linear(h, W, b), labels, ...)``'s to fp32
 rounding (the sums run in another order); under autocast eager rounds the logits'
 gradient to the compute dtype before its matmuls and this op does not, so the gradients
@@ -179,9 +179,9 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
 
 
 def _triton():
-    from fxopt.kernels import linear_cross_entropy_triton
+    from fxopt.kernels import fuse_linear_cross_entropy_triton
 
-    return linear_cross_entropy_triton
+    return fuse_linear_cross_entropy_triton
 
 
 # ---------------------------------------------------------------- the ops

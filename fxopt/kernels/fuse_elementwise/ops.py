@@ -2,17 +2,16 @@
 
 :func:`lower` reads one aten call and returns an :class:`Op`: a template name, its operands
 (fx nodes or Python scalars), static parameters, and how its compute dtype is chosen. The
-generator (:mod:`fxopt.kernels.pointwise.codegen`) converts every operand to the compute
-dtype before applying :data:`EXPRESSIONS`, then rounds the result to the node's dtype, so
-each value holds exactly what eager's op would have produced (fp16/bf16 are computed in
-fp32 and rounded once per op, as eager's CPU and CUDA kernels do).
+generator (:mod:`fxopt.kernels.fuse_elementwise.triton_source`) converts every operand to
+the compute dtype before applying :data:`EXPRESSIONS`, then rounds the result to the node's
+dtype, so each value holds exactly what eager's op would have produced (fp16/bf16 are
+computed in fp32 and rounded once per op, as eager's CPU and CUDA kernels do). Ops with no
+entry here, or with arguments the table declines (a rounding mode, a memory format, a tensor
+exponent), raise :class:`Unsupported` with the reason; the pass leaves them in the graph and
+counts the reason. Triton's ``libdevice`` functions return nothing under the interpreter, so
+tanh, log1p and expm1 are written with ``tl.exp``/``tl.log``: their absolute error stays
+below 1e-7 in fp32.
 
-Ops with no entry here, or with arguments the table declines (a rounding mode, a
-memory format, a tensor exponent), raise :class:`Unsupported` with the reason; the pass
-leaves them in the graph and counts the reason.
-
-Triton's ``libdevice`` functions return nothing under the interpreter, so tanh, log1p and
-expm1 are written with ``tl.exp``/``tl.log``: their absolute error stays below 1e-7 in fp32.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 The joint-stage pass inserts each swap's ``fxopt::swap_prefetch_start`` with the backward
 node it must be issued before (as many steps ahead of the first use as the roofline says
-the copy needs). The partitioner may reorder the backward, so once the backward exists this
-pass moves each start back to that place (:func:`~.apply.place_prefetches`). It is
-registered under swap_recompute's flag and default, so it runs whenever swap_recompute
-does, and leaves a backward without swaps unchanged.
+the copy needs). The partitioner may reorder the backward, so once the backward exists
+this pass moves each start back to that place
+(:func:`fxopt.passes.swap_recompute.apply.place_prefetches`). It is registered under
+swap_recompute's flag and default, so it runs whenever swap_recompute does, and leaves a
+backward without swaps unchanged.
 """
 
 from __future__ import annotations
