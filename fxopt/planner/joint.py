@@ -359,7 +359,10 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
         baseline_bytes=estimate.baseline_bytes, activation_bytes=estimate.activation_bytes,
         step_seconds=sum(analysis.step_seconds), fraction_bounds_peak=force_swap,
         simulate=None if force_swap else _simulator(gm, analysis, num_fwd_outputs, codegen),
-        simulate_tagged=None if force_swap else _tagged_simulator(gm, num_fwd_outputs, codegen))
+        # a fraction under Inductor is partitioned by BudgetedMinCut, which predicts each
+        # partition's peak itself: its min-cut simulations would cost seconds each here
+        simulate_tagged=None if force_swap or codegen.partitions_by_min_cut
+        else _tagged_simulator(gm, num_fwd_outputs, codegen))
 
 
 def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int,

@@ -148,6 +148,11 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
         except KeyError as error:
             raise ValueError(f"fxopt: the plan of graph {replay.graph or '?'} does not match "
                              f"this graph (no saved tensor {error}); plan it again") from error
+        if (simulate := problem.simulate_tagged) is not None:  # predicted as when solved
+            plain = simulate(())
+            decision = dataclasses.replace(
+                decision, peak_bytes=simulate(decision.tagged) if decision.recompute else plain,
+                plain_peak_bytes=plain, peak_simulated=True)
     if not decision.feasible and replay is None:
         within = (f"its share ({target} bytes) of memory_budget {fraction:g} of the model's "
                   f"plain saved bytes (this graph's: {decision.plain_bytes} bytes), what the "

@@ -105,9 +105,7 @@ def swap_recompute(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
             stats["inductor"], ledger, plain_fits=not plan.actions,
             activation_inputs=inputs, entry=plan.extra.get("model", {}).get("entry"),
             num_fwd_outputs=ctx.facts["num_fwd_outputs"], strict=ctx.options.strict,
-            plan_feasible=plan.feasible,
-            peak_cap_bytes=plan.predictions.get("peak_bytes") if plan.actions else None,
-            plain_peak_bytes=plan.predictions.get("plain_peak_bytes"))
+            plan_feasible=plan.feasible)
         return PassResult(gm, True, _verdicts(plan), stats)
     if plan.actions:
         predict_plan_peak(plan, gm, analysis, ctx.facts["num_fwd_outputs"], ctx.codegen)

@@ -36,14 +36,13 @@ Every partition's bytes count the graph's inputs that are activations (another g
 outputs across a graph break, ``activation_inputs``) when it saves them: a fraction is a
 promise about what the step keeps, measured as saved-tensor hooks measure it.
 
-4. never peaks higher than it must: each partition's step peak is predicted
+4. never peaks above fxopt's own plan: each partition's step peak is predicted
    (:func:`~fxopt.analysis.memory.estimate_step_memory` as Inductor's code runs it), and
-   where the min-cut's is above fxopt's own plan's (whose peak never rises as the budget
-   falls, :mod:`fxopt.planner.solvers.fraction_peak`) or plain Inductor's, fxopt's plan
-   is partitioned too and taken where it keeps within the share and peaks lower (on
-   ``fxopt doctor``'s deep MLP at 0.35 min-cut's peak was above its own at 0.6:
-   ``benchmarks/results/doctor_memory_cpu.md``). A chosen peak above plain Inductor's
-   warns (the fraction is met, so ``strict`` does not raise for it).
+   fxopt's plan (whose peak, by its model, never rises as the budget falls and stays at or
+   below plain autograd's, :mod:`fxopt.planner.solvers.fraction_peak`) is partitioned too
+   (one more partition per graph) and taken where it keeps within the share and peaks
+   lower than the min-cut's: on ``fxopt doctor``'s deep MLP the min-cut at 0.35 peaked
+   above its own at 0.6, fxopt's plan does not (``benchmarks/results/doctor_memory_cpu.md``).
 
 The ledger's entry for the graph and the pass's stats (``stats["inductor"]``) are then
 set to what the chosen partition keeps (the pass's other stats are fxopt's own plan,
@@ -72,7 +71,6 @@ from fxopt.planner import InfeasibleBudget
 from fxopt.planner.joint import is_random
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.solvers.fraction import rng_state_bytes
-from fxopt.units import format_mib
 
 __all__ = ["BudgetedMinCut", "BISECTION_STEPS"]
 
@@ -102,10 +100,6 @@ class BudgetedMinCut:
     num_fwd_outputs: int | None = None  # the joint's: for the default partitioner fallback
     strict: bool = False  # raise InfeasibleBudget where no partition keeps within the share
     plan_feasible: bool = True  # fxopt's plan meets the share (else plan_step warned already)
-    # predicted peaks (Inductor's simulation, fxopt.planner.step): fxopt's plan's, whose
-    # peak never rises as the budget falls, and plain Inductor's; None: not predicted
-    peak_cap_bytes: int | None = None
-    plain_peak_bytes: int | None = None
 
     def __call__(self, joint: fx.GraphModule, partition: Callable[..., Any]
                  ) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -134,13 +128,13 @@ class BudgetedMinCut:
                 else:
                     high = middle
         chosen = "inductor min-cut"
-        cap = min((b for b in (self.peak_cap_bytes, self.plain_peak_bytes) if b is not None),
-                  default=None)
-        if fits is None or (cap is not None and fits.peak > cap and self.fallback_tags):
+        if fits is None:
+            chosen, fits = self._fallback(joint, partition, trial, trials)
+        elif self.fallback_tags:  # fxopt's plan, where it keeps within the share and peaks lower
             label, own = self._fallback(joint, partition, trial, trials)
-            if fits is None or (own.kept <= self.target_bytes and own.peak < fits.peak):
+            if own.kept <= self.target_bytes and own.peak < fits.peak:
                 chosen, fits = label, own
-        self._record(chosen, fits, cap, trials)
+        self._record(chosen, fits, trials)
         if fits.kept > self.target_bytes and self.plan_feasible:
             message = (f"fxopt: swap_recompute under Inductor cannot keep this graph's "
                        f"saved bytes within its share ({self.target_bytes} bytes) of "
@@ -149,15 +143,6 @@ class BudgetedMinCut:
             if self.strict:
                 raise InfeasibleBudget(message)
             warnings.warn(f"{message}; using that partition", stacklevel=2)
-        elif self.plain_peak_bytes is not None and fits.peak > self.plain_peak_bytes:
-            # the fraction is met: warned, not raised under strict (fxopt.planner.step)
-            warnings.warn(f"fxopt: swap_recompute under Inductor meets memory_budget "
-                          f"{self.fraction:g}, but its partition predicts a step peak of "
-                          f"{format_mib(fits.peak)} MiB ({fits.peak} bytes), above plain "
-                          f"Inductor's {format_mib(self.plain_peak_bytes)} MiB "
-                          f"({self.plain_peak_bytes} bytes): no partition found within the "
-                          "share peaks lower. A larger memory_budget, or a byte budget "
-                          "(which bounds the peak), avoids it", stacklevel=2)
         return fits.result
 
     def _fallback(self, joint: fx.GraphModule, partition: Callable[..., Any],
@@ -181,11 +166,9 @@ class BudgetedMinCut:
             return "fxopt plan, default partitioner", trials[-1]
         return "fxopt plan", trials[-2]
 
-    def _record(self, chosen: str, fits: _Trial, cap: int | None,
-                trials: list[_Trial]) -> None:
+    def _record(self, chosen: str, fits: _Trial, trials: list[_Trial]) -> None:
         self.stats.update(partition=chosen, activation_memory_budget=fits.budget,
                           saved_bytes_after=fits.kept, peak_bytes=fits.peak,
-                          peak_cap_bytes=cap,
                           trials=[(t.budget, t.kept, t.peak) for t in trials])
         if self.ledger is not None and self.entry is not None:
             self.ledger.shares[self.entry] = dataclasses.replace(
