@@ -23,7 +23,7 @@ import torch
 
 from fxopt.analysis import measure_saved_bytes
 from fxopt.compiler import Backend
-from fxopt.doctor import _deep_mlp
+from fxopt.doctor.memory import deep_mlp
 from fxopt.profile import profile_memory
 
 log = logging.getLogger("benchmarks.doctor_memory")
@@ -33,7 +33,7 @@ MIB = 2**20
 def row(width: int, batch: int, codegen: str, fraction: float) -> str:
     torch.compiler.reset()
     torch.manual_seed(0)
-    model, x = _deep_mlp(width), torch.randn(batch, width)
+    model, x = deep_mlp(width), torch.randn(batch, width)
     backend = Backend({"memory_budget": fraction, "codegen": codegen})
     compiled = torch.compile(model, backend=backend)
     profile = profile_memory(compiled, (x,), steps=1, warmup=1)

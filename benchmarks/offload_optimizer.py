@@ -14,7 +14,11 @@ configurations:
   mode; DeepSpeed's CPU Adam is not installed here);
 - ``interleaved``: ``fxopt.optim.offload`` with a GPU state budget of ``--state-budget`` of
   what all-GPU AdamW state would take: the plan keeps what fits on the device and updates the
-  rest on the host while the device updates its share (``--cpu-fraction`` forces the share).
+  rest on the host while the device updates its share (``--cpu-fraction`` forces the share);
+- ``staged``: all state on the host in ``--staged-subgroups`` subgroups (default 32), the
+  plan splitting them between host updates and Deep Optimizer States' staged device
+  updates (on the CPU, where the plan never stages, half are staged by force, to exercise
+  the path).
 
 It prints, per configuration, the median step time and the optimizer step's share of it,
 the device peak (CUDA: ``max_memory_allocated`` over the timed steps, state included), the
@@ -53,6 +57,7 @@ class Result:
     optimizer_seconds: float
     peak_bytes: float
     cpu_share: float
+    staged_share: float
     predicted_seconds: float
     device_peak_bytes: float      # CUDA: the peak; CPU: the profiler's device peak
     predicted_saving: float       # the plan's device bytes freed against all on the device
@@ -115,6 +120,10 @@ def run(config: str, args: argparse.Namespace, device: torch.device,
     plan = None
     if config == "all-cpu":
         optimizer = fxopt.optim.offload(adamw, backend, model=compiled, cpu_fraction=1.0)
+    elif config == "staged":
+        optimizer = fxopt.optim.offload(adamw, backend, model=compiled, cpu_fraction=1.0,
+                                        subgroups=args.staged_subgroups,
+                                        staged=0.5 if device.type == "cpu" else None)
     elif config == "interleaved":
         state = sum(2 * p.numel() * p.element_size() for p in model.parameters())
         # on a CPU device a budget never offloads (host and device are one memory): the
@@ -152,7 +161,7 @@ def run(config: str, args: argparse.Namespace, device: torch.device,
         device_peak = profile_memory(compiled, {"input_ids": ids, "labels": ids}, optimizer,
                                      steps=1).device_peak_bytes()
     result = Result(config, statistics.median(steps), statistics.median(optimizer_times), peak,
-                    plan.cpu_share if plan else 0.0,
+                    plan.cpu_share if plan else 0.0, plan.staged_share if plan else 0.0,
                     plan.predicted_seconds if plan else float("nan"), device_peak,
                     plan.all_gpu_state_bytes - plan.gpu_state_bytes if plan else 0.0,
                     plan.keeps_up() if plan else True)
@@ -161,7 +170,7 @@ def run(config: str, args: argparse.Namespace, device: torch.device,
     return result
 
 
-CONFIGS = ("all-gpu", "all-cpu", "interleaved")
+CONFIGS = ("all-gpu", "all-cpu", "interleaved", "staged")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="interleaved: GPU state budget as a share of all-GPU AdamW state")
     parser.add_argument("--cpu-fraction", type=float, default=None,
                         help="interleaved: force this share of subgroups onto the CPU")
+    parser.add_argument("--staged-subgroups", type=int, default=32,
+                        help="staged: how many subgroups (the buffers are two of them)")
     args = parser.parse_args(argv)
     device = (torch.device("cpu") if args.smoke or not torch.cuda.is_available()
               else indexed("cuda"))
@@ -199,12 +210,13 @@ def main(argv: list[str] | None = None) -> None:
         return a / b if b else float("nan")
 
     print(f"{'config':<13}{'step ms':>10}{'optim ms':>10}{'peak GiB':>10}{'cpu share':>10}"
+          f"{'staged':>8}"
           f"{'saved MiB':>11}{'pred. saved':>12}{'pred. optim ms':>16}{'keeps up':>10}"
           f"{'x all-gpu':>11}{'x all-cpu':>11}{'peak x gpu':>12}")
     for r in results:
         saved = base["all-gpu"].device_peak_bytes - r.device_peak_bytes
         print(f"{r.config:<13}{r.step_seconds * 1e3:>10.2f}{r.optimizer_seconds * 1e3:>10.2f}"
-              f"{r.peak_bytes / 2**30:>10.2f}{r.cpu_share:>10.2f}"
+              f"{r.peak_bytes / 2**30:>10.2f}{r.cpu_share:>10.2f}{r.staged_share:>8.2f}"
               f"{saved / 2**20:>11.3f}{r.predicted_saving / 2**20:>12.3f}"
               f"{r.predicted_seconds * 1e3:>16.3f}{str(r.keeps_up):>10}"
               f"{ratio(r.step_seconds, base['all-gpu'].step_seconds):>11.3f}"

@@ -1,8 +1,8 @@
 """codegen="auto", the default: Inductor on the CPU and on CUDA (fx code generation peaks at
-eager's memory: benchmarks/results/default_peak_cpu.md), fx when fuse_elementwise is asked
-for; under a fraction memory_budget Inductor (benchmarks/results/budget_frontier_cpu.md)
-except where the fx path is kept (tempo, a saved plan, force_swap, a byte budget); explain
-says which generator compiled each graph and why; "fx" and "inductor" force one.
+eager's memory: benchmarks/results/default_peak_cpu.md), with or without a budget or a
+saved plan, fx when fuse_elementwise is asked for and, on the CPU, under force_swap (the
+swap runtime's testing knob); explain says which generator compiled each graph and why,
+naming the results file; "fx" and "inductor" force one.
 tests/test_codegen_auto_budget.py runs the fraction's choice end to end."""
 
 import pytest
@@ -28,8 +28,11 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
     ({"memory_budget": 0.5}, CPU, "inductor"),  # Inductor's budgeted min-cut: fewer bytes
     ({"memory_budget": "50%"}, CUDA, "inductor"),
     ({"memory_budget": 0.5, "codegen": "fx"}, CPU, "fx"),
-    ({"memory_budget": "6GiB"}, CPU, "fx"),  # a bound on fx's simulated peak
-    ({"memory_budget": 0.5, "force_swap": True}, CPU, "fx"),  # the fx path's swap runtime
+    ({"memory_budget": "6GiB"}, CPU, "inductor"),  # its plan as recompute tags min-cut honours
+    ({"memory_budget": 0.5, "tempo": True}, CPU, "inductor"),  # one generator for both
+    ({"memory_budget": 0.5, "tempo": "auto"}, CPU, "inductor"),
+    ({"memory_budget": 0.5, "force_swap": True}, CPU, "fx"),  # the swap runtime's copy stream
+    ({"memory_budget": 0.5, "force_swap": True}, CUDA, "inductor"),  # blocking copies there
 ])
 @pytest.mark.default_codegen  # the resolution itself, unpinned
 def test_auto_picks_by_device_and_an_explicit_choice_wins(options, device, expected):
@@ -52,16 +55,20 @@ def test_default_is_auto_and_explain_says_what_it_chose_and_why():
     assert report.fallbacks == [] and "fallbacks: none" in str(report)
 
 
-def test_a_fractions_reason_names_the_measurement_and_each_fx_case_says_why(tmp_path):
-    reason = resolve_codegen(config.resolve({"memory_budget": 0.3}), CPU).reason
-    assert "budgeted min-cut" in reason and "budget_frontier_cpu.md" in reason
-    plan = tmp_path / "plan.json"  # replayed as `fxopt plan` made it, for fx code generation
+@pytest.mark.default_codegen
+def test_each_reason_names_its_measurement(tmp_path):
+    plan = tmp_path / "plan.json"
     plan.write_text("{}")
-    for options, why in [({"plan": str(plan)}, "saved plan"),
-                         ({"force_swap": True}, "force_swap"),
-                         ({"tempo": True}, "budget_frontier_tempo_cpu.md"),
-                         ({"tempo": "auto"}, "budget_frontier_tempo_cpu.md")]:
-        chosen = resolve_codegen(config.resolve({"memory_budget": 0.3, **options}), CPU)
-        assert chosen.name == "fx" and why in chosen.reason, (options, chosen.reason)
-    chosen = resolve_codegen(config.resolve({"memory_budget": "6GiB"}), CPU)
-    assert chosen.name == "fx" and "byte memory_budget" in chosen.reason
+    for options, why in [({"memory_budget": 0.3}, "budget_frontier_cpu.md"),
+                         ({"memory_budget": 0.3, "tempo": True}, "inductor_budgets_cpu.md"),
+                         ({"memory_budget": 0.3, "tempo": "auto"}, "inductor_budgets_cpu.md"),
+                         ({"memory_budget": "6GiB"}, "inductor_budgets_cpu.md"),
+                         ({"plan": str(plan)}, "fxopt plan"),
+                         ({}, "default_peak_cpu.md")]:
+        chosen = resolve_codegen(config.resolve(options), CPU)
+        assert chosen.name == "inductor" and why in chosen.reason, (options, chosen.reason)
+    chosen = resolve_codegen(config.resolve({"memory_budget": 0.3, "force_swap": True}), CPU)
+    assert chosen.name == "fx" and "force_swap" in chosen.reason
+    chosen = resolve_codegen(config.resolve({"memory_budget": 0.3, "force_swap": True}), CUDA)
+    assert chosen.name == "inductor" and "swaps block" in chosen.reason
+    assert "gpu_h100_2026-11-26.md" in chosen.reason

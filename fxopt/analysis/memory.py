@@ -28,15 +28,16 @@ reproduces the step's live bytes. Rules:
   Gradients the backward returns stay alive to the end (they become ``.grad``).
 - Workspace: the temporaries fxopt's custom ops (tempo's, fuse_rnn's) allocate and free
   inside one call are live while that node runs (:mod:`fxopt.analysis.workspace`, measured
-  once per op signature): tempo's CPU GELU backward holds 3.1 MiB beside its 2 MiB output
-  at BERT's benchmark-suite size. Not modelled: aten kernels' own workspaces and allocator
-  caching/fragmentation (this is bytes of live tensors, what ``torch.cuda.memory_allocated``
-  reports, not ``reserved``).
+  once per op signature), e.g. tempo's CPU GELU backward beside its output. Not modelled:
+  aten kernels' own workspaces and allocator caching/fragmentation (this is bytes of live
+  tensors, what ``torch.cuda.memory_allocated`` reports, not ``reserved``).
 - ``codegen="inductor"``: Inductor's generated code does not store every node's value:
   pointwise values are computed inside the kernels that read them, and a kernel may write
-  its output into an input that dies there (:func:`inductor_buffers`). Node by node, the
-  step's peak was predicted 8-13% too high on tiny GPT-2 and BERT; with the model, within
-  0.1% (``tests/analysis/test_memory_plan_peak.py``).
+  its output into an input that dies there (:func:`inductor_buffers`); node by node, the
+  peak would be predicted too high (``tests/analysis/test_memory_plan_peak.py`` holds the
+  prediction to the measurement). Inductor's own kernel order is not modelled, so a byte
+  plan under Inductor keeps ``Codegen.peak_margin`` of its bound
+  (benchmarks/results/inductor_budgets_cpu.md).
 
 A plan is evaluated with the same simulation: :func:`estimate_partitioned_memory`
 partitions a copy of the tagged joint graph as the compiler will and simulates the result,
@@ -208,10 +209,12 @@ def inductor_buffers(gm: fx.GraphModule) -> tuple[set[fx.Node], dict[fx.Node, fx
     the same size that is not a graph input or output and dies at that kernel (neither it
     nor a view of it is read after it).
 
-    Not modelled: Inductor's reordering of kernels for a lower peak
-    (``torch._inductor.config.reorder_for_peak_memory``). It matters where recompute moved
-    work into the backward: measured on tiny GPT-2/BERT/Llama with recompute plans, the
-    compiled step's peak is then 3-13% below this prediction (an upper bound there)."""
+    Not modelled: the order Inductor's scheduler gives its fused kernels (fusion groups,
+    ``reorder_for_peak_memory``), which can hold a buffer longer or shorter than the
+    graph's order does; with recompute plans the measured peak was found both below and
+    above this prediction, which is why a byte plan under Inductor keeps
+    :attr:`fxopt.codegen.Codegen.peak_margin` of its bound free
+    (benchmarks/results/inductor_budgets_cpu.md)."""
     nodes = list(gm.graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
     outputs = set(_output_nodes(gm))

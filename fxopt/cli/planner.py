@@ -50,6 +50,9 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--optimizer-subgroups", type=int, metavar="N",
                       help="with a byte --budget: plan an offloaded optimizer's N subgroups "
                       "(host or device) jointly with the activations, in one budget")
+    plan.add_argument("--codegen", choices=("auto", "fx", "inductor"), default="auto",
+                      help="the code generator compilation will use (its codegen option): "
+                      "the graph is captured, and a saved plan replays, for that one")
     plan.add_argument("--points", type=int, default=12, help="budgets on the frontier")
     plan.add_argument("--png", metavar="PATH", help="draw the frontier (needs matplotlib; "
                       "with --save, drawn next to the plan by default)")
@@ -201,14 +204,15 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _compile_options(args: argparse.Namespace, budget: Any) -> Any:
-    """The options of the compilation this plan stands for: the budget (and tempo='auto')
-    as given; with ``--save`` the saved plan replayed (``plan=``), so the code generator is
-    the one that replay resolves, as without it the one the budget alone resolves."""
+    """The options of the compilation this plan stands for: the budget, the code generator
+    (and tempo='auto') as given; with ``--save`` the saved plan replayed (``plan=``), so the
+    code generator is the one that replay resolves, as without it the one the budget alone
+    resolves."""
     import dataclasses
 
     from fxopt import config
 
-    options = config.resolve({"memory_budget": budget,
+    options = config.resolve({"memory_budget": budget, "codegen": args.codegen,
                               "tempo": "auto" if args.tempo == "auto" else None})
     return dataclasses.replace(options, plan=args.save)  # a file still to be written
 

@@ -4,14 +4,17 @@
                                     gpu_state_budget_bytes=2 * 2**30)
 
 The idea is Deep Optimizer States': parameters split into subgroups in gradient-ready order;
-each subgroup's optimizer state lives and updates either on the device or on the host CPU
-(fp32 master weights there), chosen by a performance model so that host updates overlap the
-device's. Three parts:
+each subgroup's optimizer state lives on the device or on the host CPU, and a host-resident
+subgroup updates on the host (fp32 master weights there) or on the device, its state staged
+in and written back, chosen by a performance model so that host updates, device updates and
+copies overlap. The parts:
 
 - :mod:`~fxopt.optim.model`: the performance model and the plan, pure functions on plain data
-  (the planner can call :func:`plan_offload` or fold it into its solver);
+  (the planner can call :func:`plan_offload` or fold it into its solver), the plan's data in
+  :mod:`~fxopt.optim.offload_plan`;
 - :mod:`~fxopt.optim.runtime`: :class:`OffloadedOptimizer`, a ``torch.optim.Optimizer`` that
-  executes a plan and stays checkpoint-compatible with the optimizer it wraps;
+  executes a plan and stays checkpoint-compatible with the optimizer it wraps, with its host
+  thread in :mod:`~fxopt.optim.worker` and its staged updates in :mod:`~fxopt.optim.staging`;
 - :mod:`~fxopt.optim.link`: :func:`offload`, which finds the gradient order (the plan the
   ``offload_optimizer`` pass recorded, or the parameters' order) and builds the wrapper.
 """

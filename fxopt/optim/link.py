@@ -101,6 +101,7 @@ def _recorded_options(backend: Any) -> dict[str, Any]:
 def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
             model: torch.nn.Module | None = None, cpu_fraction: float | None = None,
             gpu_state_budget_bytes: int | None = None, subgroups: int = DEFAULT_SUBGROUPS,
+            staged: bool | float | None = None,
             hardware: HardwareProfile | None = None) -> OffloadedOptimizer:
     """Wrap ``optimizer`` (Adam, AdamW or SGD) so that some subgroups update on the CPU.
 
@@ -110,15 +111,20 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     like DeepSpeed's ratio); otherwise the fastest plan whose resident optimizer state fits
     ``gpu_state_budget_bytes`` is chosen (None: no limit, which keeps everything on the
     device since that is fastest). ``subgroups``: how many size-balanced subgroups.
+    ``staged``: whether host-resident subgroups update on the device through staging
+    buffers (Deep Optimizer States): None lets the plan choose (never on a CPU device, and
+    only while the device saving stays 90% of the state on the host, which takes about 20
+    host-resident subgroups or more); True or False forces it, a share in [0, 1] stages that
+    share of the host-resident parameters (how the tests run the path on the CPU).
     """
     check_optimizer(optimizer)
     planning = {"cpu_fraction": cpu_fraction, "gpu_state_budget_bytes": gpu_state_budget_bytes}
     if isinstance(source, Mapping):
         source = OffloadPlan.from_dict(dict(source))
     if isinstance(source, OffloadPlan):
-        if any(v is not None for v in planning.values()):
+        if any(v is not None for v in planning.values()) or staged is not None:
             raise ValueError("fxopt.optim.offload: give either a plan or planning options "
-                             "(cpu_fraction, gpu_state_budget_bytes), not both")
+                             "(cpu_fraction, gpu_state_budget_bytes, staged), not both")
         return OffloadedOptimizer(optimizer, source)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if not params:
@@ -142,9 +148,14 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     infos = [ParamInfo(key=i, numel=params[i].numel(), itemsize=params[i].element_size(),
                        ready_seconds=ready) for i, ready in order]
     hardware = hardware or profile_for(params[0].device)
-    plan = plan_offload(split_subgroups(infos, subgroups), hardware,
+    plan = plan_offload(split_subgroups(infos, subgroups), hardware, staged=staged,
                         states_per_param=states_per_param(optimizer),
                         counter_bytes=counter_bytes(optimizer), **planning)
+    if plan.gpu_state_bytes > plan.all_gpu_state_bytes:  # only a forced staged= can
+        warnings.warn(f"fxopt.optim.offload: staged={staged} costs more device memory "
+                      f"({plan.gpu_state_bytes} bytes of staging buffers and state) than "
+                      f"it frees (all state on the device: {plan.all_gpu_state_bytes}); use "
+                      f"more subgroups, or let the plan choose (staged=None)", stacklevel=2)
     if plan.keeps_up() is False:
         log.warning("fxopt.optim.offload: %s", plan.summary())
     else:

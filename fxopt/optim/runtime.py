@@ -5,6 +5,9 @@ an :class:`~fxopt.optim.model.OffloadPlan`:
 
 - a "gpu" subgroup is updated on the parameters' device by an optimizer of the user's class
   and settings, its state resident there;
+- a "staged" subgroup is updated the same way, but its state lives in (pinned) host memory
+  between steps and is copied through two device staging buffers for its update
+  (:mod:`fxopt.optim.staging`, Deep Optimizer States' staged device updates);
 - a "cpu" subgroup keeps fp32 master weights and the optimizer state in (pinned) host
   memory. Each gradient is copied to the host as soon as autograd has accumulated it
   (``register_post_accumulate_grad_hook``, on a side stream on CUDA), so the copies overlap
@@ -14,8 +17,9 @@ an :class:`~fxopt.optim.model.OffloadPlan`:
   then the parameters are downcast on the host (bf16/fp16 models) and copied back.
 
 The CPU subgroups update on a worker thread (:mod:`fxopt.optim.worker`), in plan order; on
-CUDA the main thread launches the device subgroups' updates meanwhile, and the next forward
-waits for the copies back on the device, never on the host. On a CPU device the same path
+CUDA the main thread launches the device subgroups' updates meanwhile, then queues the
+staged ones (copies on their own streams), and the next forward waits for the copies back
+on the device, never on the host. On a CPU device the same path
 runs one update after another (the main thread waits for each), which is what makes it
 testable here. ``close()`` or the end of a ``with`` block stops the thread, removes the
 gradient hooks and frees the state; dropping the optimizer does the same, since neither the
@@ -48,6 +52,7 @@ from typing import Any
 import torch
 
 from fxopt.optim.model import OffloadPlan
+from fxopt.optim.staging import Staging
 from fxopt.optim.worker import HostWorker, release
 
 __all__ = [
@@ -115,6 +120,7 @@ class _Subgroup:
     tensors: list[torch.Tensor]              # what the internal optimizer updates, per index
     host: list[_HostParam] = field(default_factory=list)
     copied: Any = None                       # CUDA event: the copies back have been queued
+    parked: list[set[str]] = field(default_factory=list)  # "staged": keys on the host
 
 
 def check_optimizer(optimizer: Any) -> None:
@@ -200,6 +206,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._closed = False
         self._worker = HostWorker()
         self._subgroups = [self._build(s.placement, list(s.params)) for s in plan.subgroups]
+        self._staging = self._staging_buffers(optimizer)
         self._host = {i: hp for sg in self._subgroups for i, hp in zip(sg.indices, sg.host)}
         self._hooks = [hp.param.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, hp in self._host.items()]
@@ -208,9 +215,10 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._release = weakref.finalize(self, release, self._hooks, self._worker)
         optimizer.state.clear()  # its state now lives in the subgroups
         self.load_state_dict(saved)
-        log.info("fxopt.optim: %d subgroups, %d on the CPU (%.0f%% of parameters)",
-                 len(plan.subgroups), sum(s.placement == "cpu" for s in plan.subgroups),
-                 100 * plan.cpu_share)
+        log.info("fxopt.optim: %d subgroups, %d with their state on the host (%.0f%% of "
+                 "parameters), %d of them staged", len(plan.subgroups),
+                 sum(s.on_host for s in plan.subgroups), 100 * plan.cpu_share,
+                 sum(s.placement == "staged" for s in plan.subgroups))
 
     # ---------------------------------------------------------------- building
 
@@ -236,7 +244,28 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         # The internal optimizer's parameter order: group by group.
         ordered = [i for members in by_group.values() for i in members]
         return _Subgroup(placement, ordered, list(by_group), self._cls(groups),
-                         [tensors[i] for i in ordered], host)
+                         [tensors[i] for i in ordered], host,
+                         parked=[set() for _ in ordered] if placement == "staged" else [])
+
+    def _staging_buffers(self, optimizer: torch.optim.Optimizer) -> Staging | None:
+        """The staging buffers of the plan's staged subgroups (None without any), sized as
+        the plan sizes them: two (one for a single staged subgroup), each the largest
+        staged subgroup's device state."""
+        staged = [sg for sg in self._subgroups if sg.placement == "staged"]
+        if not staged:
+            return None
+        described = (states_per_param(optimizer), counter_bytes(optimizer))
+        if (self.plan.states_per_param, self.plan.counter_bytes) != described:
+            raise ValueError(
+                f"fxopt.optim.offload: the plan stages subgroups for an optimizer with "
+                f"states_per_param={self.plan.states_per_param} and counter_bytes="
+                f"{self.plan.counter_bytes}, but this one has {described[0]} and "
+                f"{described[1]}: plan it for this optimizer")
+        states, counter = described[0], described[1][0]
+        largest = max(sum(t.numel() * t.element_size() * states + counter for t in sg.tensors)
+                      for sg in staged)
+        device = staged[0].tensors[0].device
+        return Staging(device, largest, min(2, len(staged)), self._pin)
 
     def _host_param(self, p: torch.Tensor) -> _HostParam:
         master = torch.empty(p.shape, dtype=torch.float32, pin_memory=self._pin)
@@ -378,6 +407,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._sync_hyperparameters()
         host = [sg for sg in self._subgroups if sg.placement == "cpu"]
         device = [sg for sg in self._subgroups if sg.placement == "gpu"]
+        staged = [sg for sg in self._subgroups if sg.placement == "staged"]
         for sg in host:
             self._follow_parameters(sg)
             self._refresh_grads(sg)
@@ -385,8 +415,10 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             for sg in self._subgroups:
                 if sg.placement == "cpu":
                     self._worker.submit(self._update_on_host, sg).result()
-                else:
+                elif sg.placement == "gpu":
                     sg.optimizer.step()
+                else:
+                    self._staging.update(sg, staged.index(sg))
             return loss
         # CUDA: the host updates in the worker thread (torch releases the GIL in its
         # kernels) while this thread queues the device updates.
@@ -395,6 +427,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                    for sg in host]
         for sg in device:
             sg.optimizer.step()
+        for position, sg in enumerate(staged):  # queued: copies on the staging streams
+            self._staging.update(sg, position)
         for future in futures:
             future.result()
         torch.cuda.current_stream(self._streams[1].device).wait_stream(self._streams[1])
@@ -406,6 +440,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         """The plain optimizer's format: state per parameter index, groups with indices; a
         bf16/fp16 parameter updated on the host adds its fp32 master under ``MASTER_KEY``."""
         self._check_open("state_dict()")
+        if self._staging is not None:
+            self._staging.wait()  # the staged state's write-backs have landed
         state: dict[int, dict[str, Any]] = {}
         for sg in self._subgroups:
             for i, tensor in zip(sg.indices, sg.tensors):
@@ -436,6 +472,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                              f"{[len(g['params']) for g in saved_groups]}, the optimizer's "
                              f"{sizes}")
         saved_ids = [i for g in saved_groups for i in g["params"]]
+        if self._staging is not None:
+            self._staging.wait()  # no write-back lands on state about to be replaced
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         state = state_dict["state"]
@@ -456,6 +494,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                                "params": list(range(position, position + count))})
                 position += count
             sg.optimizer.load_state_dict({"state": local, "param_groups": groups})
+            if sg.placement == "staged":  # loaded onto the device: to the host, now
+                self._staging.settle(sg, reset=True)
+                self._staging.wait()
 
     @staticmethod
     def _load_master(hp: _HostParam, master: torch.Tensor) -> None:
@@ -477,15 +518,19 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._hooks.clear()  # the same list the finalizer holds
 
     def state_tensors(self, placement: str) -> list[torch.Tensor]:
-        """The live tensors the subgroups updated on ``placement`` ("cpu" or "gpu") hold,
-        for memory accounting: their optimizer state and, on the host, the fp32 masters,
-        their gradients and the staging buffers. No copies (unlike ``state_dict()``)."""
+        """The live tensors the optimizer holds on ``placement`` ("cpu": the host, "gpu":
+        the device), for memory accounting: on the device the "gpu" subgroups' state and
+        the staging buffers; on the host the "cpu" subgroups' state, fp32 masters, their
+        gradients and staging buffers, and the "staged" subgroups' state. No copies
+        (unlike ``state_dict()``)."""
         self._check_open("state_tensors()")
         if placement not in ("cpu", "gpu"):
             raise ValueError(f"fxopt.optim: placement is 'cpu' or 'gpu', not {placement!r}")
         tensors: list[torch.Tensor] = []
+        if placement == "gpu" and self._staging is not None:
+            tensors += self._staging.buffers
         for sg in self._subgroups:
-            if sg.placement != placement:
+            if (sg.placement == "gpu") != (placement == "gpu"):
                 continue
             for state in sg.optimizer.state.values():
                 tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
@@ -496,7 +541,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         return tensors
 
     def placements(self) -> list[str]:
-        """Where each parameter updates ("cpu" or "gpu"), in ``state_dict`` order."""
+        """Each parameter's placement ("cpu", "gpu" or "staged"), in ``state_dict`` order."""
         where = self.plan.placement_of()
         return [where[i] for i in range(len(self._flat))]
 
@@ -504,14 +549,17 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         """Stop the worker thread (after its current update), remove the gradient hooks
-        and free the state (host masters and buffers, device state). Idempotent; the
+        and free the state (host masters and buffers, device state, staging buffers, after
+        their last write-back). Idempotent; the
         optimizer cannot be used after it. Dropping the optimizer does the same."""
         if self._closed:
             return
         self._closed = True
         self._worker.stop(wait=True)
         self._release()
-        self._subgroups, self._host = [], {}
+        if self._staging is not None:
+            self._staging.wait()
+        self._subgroups, self._host, self._staging = [], {}, None
 
     @property
     def closed(self) -> bool:

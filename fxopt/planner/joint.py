@@ -358,6 +358,7 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
         saved_bytes=saved, keep_all_peak_bytes=estimate.peak_bytes,
         baseline_bytes=estimate.baseline_bytes, activation_bytes=estimate.activation_bytes,
         step_seconds=sum(analysis.step_seconds), fraction_bounds_peak=force_swap,
+        peak_margin=codegen.peak_margin, codegen=codegen.name,
         simulate=None if force_swap else _simulator(gm, analysis, num_fwd_outputs, codegen),
         # a fraction under Inductor is partitioned by BudgetedMinCut, which predicts each
         # partition's peak itself: its min-cut simulations would cost seconds each here

@@ -123,8 +123,11 @@ class Plan:
                       f"saved bytes ({format_bytes(int(p['floor_saved_bytes']))}), "
                       "everything recomputable recomputed"]
         else:
+            target = self.extra.get("peak_target_bytes")  # Codegen.peak_margin's share
+            margin = (f", {format_bytes(target)} with the code generator's margin for its "
+                      "kernel order" if target is not None else "")
             lines.append(f"  predicted peak {format_bytes(int(p['peak_bytes']))} (bound "
-                         f"{format_bytes(self.budget_bytes or 0)}, everything kept "
+                         f"{format_bytes(self.budget_bytes or 0)}{margin}, everything kept "
                          f"{format_bytes(int(p['keep_all_peak_bytes']))}); {timing}")
             if floor_peak_bytes is not None:
                 lines.append(f"  floor: lowest reachable peak {format_bytes(floor_peak_bytes)}")

@@ -44,7 +44,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fxopt.config import MemoryBudget
+from fxopt.config import MemoryBudget, OptionError
 from fxopt.planner.activations import ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.ledger import BudgetLedger
@@ -86,6 +86,10 @@ class StepProblem:
     activation_bytes: int        # plain autograd's saved bytes
     step_seconds: float          # predicted, everything kept
     fraction_bounds_peak: bool = False
+    # the share of a byte bound left free for the code generator's own kernel order
+    # (:attr:`fxopt.codegen.Codegen.peak_margin`): plans are held to the rest
+    peak_margin: float = 0.0
+    codegen: str = "fx"  # the code generator the graph compiles with: a plan replays only there
     # actions -> the compiled step's simulated peak (the memory model explain shows;
     # :func:`fxopt.planner.joint.step_problem` sets it); None: the timeline model's stands
     simulate: Callable[[Mapping[str, str]], int] | None = field(
@@ -105,6 +109,7 @@ def plan_step(problem: StepProblem, budget: MemoryBudget | None, hardware: Hardw
         raise ValueError(f"fxopt: solver {solver!r} is not one of {SOLVERS}")
     began = time.perf_counter()
     if replay is not None:
+        _check_codegen(replay, problem)
         replay.check_fingerprint(list(problem.fingerprint))
     if replay is not None and "fraction" in replay.extra:
         plan = _fraction_plan(problem, MemoryBudget(fraction=replay.extra["fraction"]),
@@ -116,9 +121,24 @@ def plan_step(problem: StepProblem, budget: MemoryBudget | None, hardware: Hardw
         plan = _peak_plan(problem, budget, hardware, solver, replay, strict, time_limit)
     plan.graph = problem.graph
     plan.fingerprint = list(problem.fingerprint)
+    plan.extra["codegen"] = problem.codegen
     plan.predictions.setdefault("step_seconds", problem.step_seconds)
     plan.planning_seconds = time.perf_counter() - began
     return plan
+
+
+def _check_codegen(replay: Plan, problem: StepProblem) -> None:
+    """Refuse a plan made for another code generator (``OptionError``): each traces its own
+    joint graph (Inductor's with its decompositions), so the fingerprints would differ
+    anyway; this names the cause (a plan of an older fxopt does not say: its fingerprint
+    decides)."""
+    made = replay.extra.get("codegen")
+    if made is not None and made != problem.codegen:
+        raise OptionError(
+            f"fxopt: the plan of graph {replay.graph or '?'} was made for {made} code "
+            f"generation and this graph compiles with {problem.codegen}: compile with "
+            f"codegen={made!r}, or plan it again with `fxopt plan --codegen "
+            f"{problem.codegen}`")
 
 
 def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: HardwareProfile,
@@ -218,7 +238,8 @@ def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: Hard
     else:
         bound = (replay.budget_bytes if replay is not None else None) \
             or problem.keep_all_peak_bytes
-    activations = dataclasses.replace(problem.activations, budget_bytes=bound)
+    target = bound - int(bound * problem.peak_margin)  # the simulated peak's bound
+    activations = dataclasses.replace(problem.activations, budget_bytes=target)
     simulated = None
     if replay is not None:
         decision = _replayed(activations, replay)
@@ -231,9 +252,10 @@ def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: Hard
         decision, simulated = _simulation_checked(problem, activations, solve(activations),
                                                   solve)
     peak = decision.peak_bytes if simulated is None else simulated
-    if peak > bound and replay is None:
+    if peak > target and replay is None:
         message = (f"fxopt: swap_recompute cannot fit {problem.graph} in memory_budget "
-                   f"{budget} (a predicted peak of {format_mib(bound)} MiB): the lowest "
+                   f"{budget} (a predicted peak of {format_mib(bound)} MiB"
+                   f"{_margin_words(bound, target)}): the lowest "
                    f"predicted peak reachable is {format_mib(peak)} MiB "
                    f"({peak} bytes; "
                    f"{format_mib(problem.keep_all_peak_bytes)} MiB with everything kept)")
@@ -245,10 +267,17 @@ def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: Hard
     if simulated is not None:
         plan.predictions["model_peak_bytes"] = decision.peak_bytes
         plan.predictions["peak_bytes"] = simulated
-        plan.feasible = simulated <= bound
+        plan.feasible = simulated <= target
+    if target < bound:
+        plan.extra["peak_target_bytes"] = target
     plan.extra["tensors"] = _tensor_rows(activations, decision)
     plan.extra["order"] = list(decision.details.get("order", sorted(decision.actions)))
     return plan
+
+
+def _margin_words(bound: int, target: int) -> str:
+    return (f", {format_mib(target)} MiB with the code generator's margin for its kernel "
+            f"order" if target < bound else "")
 
 
 def _simulation_checked(problem: StepProblem, activations: ActivationProblem,

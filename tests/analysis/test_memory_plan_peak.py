@@ -11,6 +11,8 @@ budget. With ``codegen="inductor"`` and no budget, the Inductor-aware simulation
 the node-by-node simulation is 13% and 8% over.
 """
 
+import functools
+import warnings
 
 import pytest
 import torch
@@ -71,6 +73,32 @@ def test_inductor_prediction_within_5_percent_of_measured():
     assert predicted == pytest.approx(measured, rel=TOLERANCE)
     # node by node (every intermediate stored) the same graphs are predicted too high
     assert estimate_step_memory(fw, bw).peak_bytes > (1 + TOLERANCE) * measured
+
+
+@functools.cache
+def inductor_keep_all_peak(kind: str) -> int:
+    """The predicted peak of ``kind``'s compiled step under Inductor with everything kept."""
+    return compiled_step(kind, {"codegen": "inductor"})[1].memory["fxopt"].peak_bytes
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.8])
+def test_a_byte_budget_under_inductor_is_met_when_its_plan_says_it_fits(fraction):
+    """Issue 30 item 4: a byte budget's plan under Inductor (recompute tags min-cut
+    honours). Inductor orders its fused kernels itself, so its measured peak can exceed the
+    simulation of the graph's order; the plan keeps ``Codegen.peak_margin`` of its bound for
+    that (without it, GPT-2 at 0.8 of its keep-all peak measured above the budget its plan
+    said it fitted: benchmarks/results/inductor_budgets_cpu.md)."""
+    budget = int(fraction * inductor_keep_all_peak("gpt2"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unreachable budget warns; the plan says so
+        measured, record = compiled_step("gpt2", {"codegen": "inductor",
+                                                  "memory_budget": budget})
+    (swap_recompute,) = record.pass_records("swap_recompute")
+    assert swap_recompute.fired
+    predicted = record.memory["fxopt"].peak_bytes
+    assert predicted == pytest.approx(measured, rel=0.10)
+    assert measured <= budget or not swap_recompute.stats["feasible"]
+    assert swap_recompute.stats["feasible"] or fraction < 0.9  # 0.9 fits: not vacuous
 
 
 def test_inductor_buffers_fuses_pointwise_chains_and_reuses_dying_inputs():

@@ -11,18 +11,21 @@ from torch._dynamo.exc import InvalidBackend
 import fxopt.compiler
 import fxopt.optim
 import fxopt.testing
-from fxopt import doctor, doctor_offload
+from fxopt import doctor
 from fxopt.__main__ import main
 from fxopt.bench import timing
 from fxopt.doctor import (
     CHECKS,
     Check,
-    _overlap,
     memory_problems,
     offload_problems,
     overlap_problem,
     run_doctor,
 )
+from fxopt.doctor import memory as doctor_memory
+from fxopt.doctor import offload as doctor_offload
+from fxopt.doctor import speed as doctor_speed
+from fxopt.doctor.criteria import overlap
 from fxopt.kernels import triton_runs_on
 
 
@@ -50,7 +53,7 @@ def test_an_unknown_check_is_named_with_the_choices(capsys):
 def test_copy_time_covered_by_compute_is_counted_once():
     copies = [(0.0, 10.0), (20.0, 30.0)]
     compute = [(5.0, 12.0), (8.0, 15.0), (25.0, 40.0)]  # two overlapping kernels
-    assert _overlap(copies, compute) == 5.0 + 5.0
+    assert overlap(copies, compute) == 5.0 + 5.0
 
 
 @pytest.mark.gpu
@@ -75,7 +78,8 @@ def _run(name: str) -> Check:
 @pytest.fixture
 def on_any_device(monkeypatch):
     """The CUDA-only checks run on the CPU with their measurements stubbed."""
-    monkeypatch.setattr(doctor, "_cuda_only", lambda device: None)
+    for module in (doctor_memory, doctor_speed):
+        monkeypatch.setattr(module, "cuda_only", lambda device: None)
 
 
 class _FakeComparison:
@@ -149,7 +153,7 @@ H100_MEMORY = {1.0: (832, 993), 0.6: (512, 688), 0.35: (640, 801)}  # MiB measur
 def test_memory_fails_on_the_h100_table(monkeypatch, on_any_device):
     """The first H100 run's figures, which the check called "ok": the lowest budget's peak
     is above 0.6's, and every prediction is 19-34% high."""
-    monkeypatch.setattr(doctor, "_step_peak", lambda device, fraction: tuple(
+    monkeypatch.setattr(doctor_memory, "step_peak", lambda device, fraction: tuple(
         m * 2**20 for m in H100_MEMORY[fraction]))
     check = _run("memory")
     assert check.status == "failed"
@@ -303,5 +307,5 @@ def test_memory_compares_peaks_above_the_parameters_and_inputs_on_both_sides():
     taken above them. Compared as they were on the H100, the predictions were 19-34% high
     (by exactly that baseline); compared above the baseline on both sides, within the
     check's tolerance (the doctor's model, smaller, on the CPU under Inductor)."""
-    measured, predicted = doctor._step_peak(torch.device("cpu"), 1.0, width=64, batch=256)
+    measured, predicted = doctor_memory.step_peak(torch.device("cpu"), 1.0, width=64, batch=256)
     assert memory_problems([(1.0, measured, predicted)]) == []

@@ -10,6 +10,7 @@ from fxopt.__main__ import main
 from fxopt.cli.calibrate import calibrate
 from fxopt.cli.planner import load_target
 from fxopt.compiler import Backend
+from fxopt.config import OptionError
 from fxopt.planner import Plan, profile_for
 from fxopt.planner.hardware import CPU_DEFAULT, cache_path, load_calibrated, save_calibrated
 from fxopt.planner.plan import load_plans
@@ -114,6 +115,36 @@ def test_plan_and_compilation_make_the_same_plan_for_a_fraction_on_the_cpu(monke
     assert planned.actions and ({k: v for k, v in compiled["plan"].items() if k not in ignored}
                                 == {k: v for k, v in planned.to_dict().items()
                                     if k not in ignored})
+
+
+def test_a_plan_made_for_inductor_replays_under_inductor_and_only_there(tmp_path, capsys):
+    """Issue 30 item 4: `fxopt plan --codegen inductor` captures the joint graph Inductor's
+    compilation traces (its decompositions), so the saved plan is that graph's: compiling
+    with codegen="inductor" replays it, and fx code generation refuses it by name."""
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", TARGET, "--budget", "2000000", "--codegen", "inductor", "--points",
+                 "2", "--save", str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    assert "code generation: inductor (set by the codegen option)" in out
+    assert "OVER BUDGET" not in out
+    saved = Plan.load(plan_path)
+    assert saved.actions and saved.extra["codegen"] == "inductor"
+    model, (x,) = load_target(TARGET)
+    eager_grads = torch.autograd.grad(model(x).sum(), list(model.parameters()))
+    replayed, grads = _compiled_step({"codegen": "inductor", "plan": str(plan_path)})
+    assert replayed["plan"]["solver"] == "plan" and replayed["plan"]["actions"] == saved.actions
+    for got, want in zip(grads, eager_grads, strict=True):  # Inductor's fused sums: fp32
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # rounding, 32x64 terms
+    try:
+        _compiled_step({"codegen": "fx", "plan": str(plan_path)})
+    except Exception as error:  # noqa: BLE001 - Dynamo wraps the backend's OptionError
+        chain = [error]
+        while chain[-1].__cause__ or chain[-1].__context__:
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        assert any(isinstance(e, OptionError) and "made for inductor code generation" in str(e)
+                   for e in chain), chain
+    else:
+        pytest.fail("a plan made for Inductor replayed under fx code generation")
 
 
 def test_a_model_with_a_graph_break_saves_one_plan_file_that_replays_each_graph(tmp_path,

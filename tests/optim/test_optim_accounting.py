@@ -11,6 +11,11 @@ profiler records every allocation, so for every placement (cpu_fraction 0, 0.5, 
   temporaries); in the update it falls by at least that (the plain update's temporaries go
   too), so a placement never costs more device memory than it frees.
 
+With staged updates (``staged=``, forced here) ``optimizer_state`` is the two staging
+buffers (and any resident state) and ``optimizer_state_host`` also holds the staged
+subgroups' state: both the plan's, to the byte, and the device peaks fall by the plan's
+saving, the state moved to the host minus the buffers, exactly as well.
+
 On a GPU the same saving is checked with ``torch.cuda.max_memory_allocated`` (``gpu``)."""
 
 import copy
@@ -65,6 +70,36 @@ def test_state_bytes_of_every_placement_are_the_plans(name, dtype):
                 >= saving), cpu_fraction
         assert plain.device_peak_bytes() - measured.device_peak_bytes() >= saving
         optimizer.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("cpu_fraction, staged", [(1.0, True), (4 / 6, 0.5)])
+def test_staging_buffers_and_staged_state_are_the_plans(name, dtype, cpu_fraction, staged):
+    """Six equal layers, six subgroups: all staged (two buffers for six subgroups' state),
+    or a mix of resident, host-updated and staged subgroups."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)]).to(dtype)
+    x = torch.randn(8, 32).to(dtype)
+    plain_model = copy.deepcopy(model)
+    plain = profile_memory(plain_model, x, OPTIMIZERS[name](plain_model.parameters()), steps=1)
+    optimizer = offload(OPTIMIZERS[name](model.parameters()), model, cpu_fraction=cpu_fraction,
+                        staged=staged, subgroups=6)
+    plan = optimizer.plan
+    assert plan.staging_bytes > 0 and plan.cpu_share == pytest.approx(cpu_fraction)
+    assert len(set(plan.placement_of().values())) == (1 if staged is True else 3)
+    measured = profile_memory(model, x, optimizer, steps=1)
+    categories = measured.peak_categories
+    assert categories["optimizer_state"] == plan.gpu_state_bytes
+    assert categories["optimizer_state_host"] == plan.host_bytes
+    saving = plan.all_gpu_state_bytes - plan.gpu_state_bytes
+    assert saving > 0  # the buffers cost less than the state they let go to the host
+    for phase in ("forward", "backward"):
+        assert plain.device_peak_bytes(phase) - measured.device_peak_bytes(phase) == saving
+    # the staged update is the plain one, on views of the buffers: no more temporaries
+    assert (plain.device_peak_bytes("optimizer") - measured.device_peak_bytes("optimizer")
+            >= saving)
+    optimizer.close()
 
 
 def test_the_step_counters_are_counted_where_they_live():

@@ -104,6 +104,35 @@ def test_close_and_the_with_block_stop_the_worker_and_free_the_state():
             use()
 
 
+@pytest.mark.parametrize("staged", [True, 0.5])
+def test_staging_buffers_and_staged_state_go_with_a_dropped_or_closed_optimizer(staged):
+    """The staged path's buffers, its host state and its internal optimizers hold neither
+    the wrapper nor the model: dropping frees them all; close() frees them at once."""
+    torch.manual_seed(0)
+    model = MLP()
+    optimizer = offload(torch.optim.AdamW(model.parameters()), model, cpu_fraction=1.0,
+                        staged=staged, subgroups=4)
+    _train(model, optimizer)
+    assert "staged" in optimizer.placements()
+    state = [weakref.ref(t) for t in (*optimizer.state_tensors("gpu"),
+                                     *optimizer.state_tensors("cpu"))]
+    refs = [weakref.ref(optimizer), weakref.ref(model), *state]
+    del optimizer, model
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+    model = MLP()
+    with offload(torch.optim.AdamW(model.parameters()), model, cpu_fraction=1.0,
+                 staged=staged, subgroups=4) as opt:
+        _train(model, opt)
+        buffers = [weakref.ref(t) for t in opt.state_tensors("gpu")]
+        assert buffers
+    gc.collect()
+    assert all(r() is None for r in buffers)  # freed while `opt` is still referenced
+    with pytest.raises(RuntimeError, match="closed offloaded optimizer"):
+        opt.step()
+
+
 def test_a_closed_optimizer_no_longer_copies_gradients():
     torch.manual_seed(0)
     model = MLP()

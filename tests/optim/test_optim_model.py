@@ -9,7 +9,7 @@ import random
 import pytest
 
 from fxopt.optim import OffloadPlan, ParamInfo, plan_offload, simulate, split_subgroups
-from fxopt.optim.model import EXHAUSTIVE_LIMIT
+from fxopt.optim.model import EXHAUSTIVE_LIMIT, MIN_SAVING, PLACEMENTS
 from fxopt.planner.hardware import CPU_DEFAULT, KNOWN_GPUS
 
 H100 = KNOWN_GPUS["H100"]
@@ -77,20 +77,28 @@ def test_gradient_copies_overlap_the_backward():
 
 
 def _brute_force(subgroups, hardware, budget, fraction):
-    placements = list(itertools.product(("gpu", "cpu"), repeat=len(subgroups)))
-    if fraction is not None:  # only the shares of parameters on the CPU closest to it
-        total = sum(s.numel for s in subgroups)
+    """The least predicted time over all 3**n placements within the constraints: the
+    budget, the forced share of state on the host, and (staging left to the plan) a device
+    saving of at least MIN_SAVING of the state placed on the host."""
+    placements = list(itertools.product(PLACEMENTS, repeat=len(subgroups)))
+    total = sum(s.numel for s in subgroups)
+    if fraction is not None:  # only the shares of parameters on the host closest to it
 
         def distance(placement):
-            cpu = sum(s.numel for s, w in zip(subgroups, placement) if w == "cpu")
-            return abs(cpu / total - fraction)
+            host = sum(s.numel for s, w in zip(subgroups, placement) if w != "gpu")
+            return abs(host / total - fraction)
 
         closest = min(map(distance, placements))
         placements = [p for p in placements if distance(p) <= closest + 1e-12]
+    all_gpu = simulate(subgroups, ["gpu"] * len(subgroups), hardware).gpu_state_bytes
     best = None
     for placement in placements:
         prediction = simulate(subgroups, placement, hardware)
         if budget is not None and prediction.gpu_state_bytes > budget:
+            continue
+        unstaged = ["cpu" if w == "staged" else w for w in placement]
+        on_host = all_gpu - simulate(subgroups, unstaged, hardware).gpu_state_bytes
+        if all_gpu - prediction.gpu_state_bytes < MIN_SAVING * on_host:
             continue
         if best is None or prediction.seconds < best:
             best = prediction.seconds
@@ -203,3 +211,96 @@ def test_bad_simulation_and_split_arguments():
         simulate(_groups(MB), ["disk"], H100)
     with pytest.raises(ValueError, match="subgroup count"):
         split_subgroups([ParamInfo(0, 1)], 0)
+
+
+# ---------------------------------------------------------------- staged device updates
+
+def _link_bound(**changes):
+    """An H100 whose device updates take no time: staged subgroups are copy-bound."""
+    return dataclasses.replace(H100, memory_bandwidth=1e30, **changes)
+
+
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_staged_copies_are_double_buffered(count):
+    """In and back overlap: m equal staged subgroups of b bytes take (m + 1) copies of b, not
+    2m (one buffer would serialise them); a single one takes its copy in and its copy back."""
+    hardware = _link_bound()
+    groups = _groups(*[MB] * count, itemsize=4)
+    p = simulate(groups, ["staged"] * count, hardware, contention=1.0)
+    copy = MB * 4 * 2 / H100.host_device_bandwidth  # two fp32 moments
+    assert p.seconds == pytest.approx((count + 1) * copy)
+    # the buffers: two (one for a single subgroup), each the largest staged state
+    assert p.staging_bytes == p.gpu_state_bytes == min(2, count) * MB * 4 * 2
+    assert p.host_bytes == count * MB * 4 * 2
+
+
+def test_staged_bytes_count_the_counters_where_they_live():
+    """A staged subgroup's device counters are staged with its state (fused Adam); torch's
+    host-side counters (unfused CUDA Adam) stay on the host."""
+    groups = _groups(MB, 3 * MB, itemsize=2)  # one parameter each
+    fused = simulate(groups, ["staged", "staged"], H100, counter_bytes=(4, 4))
+    assert fused.staging_bytes == 2 * (3 * MB * 2 * 2 + 4)
+    assert fused.host_bytes == 4 * MB * 2 * 2 + 2 * 4
+    unfused = simulate(groups, ["staged", "gpu"], H100, counter_bytes=(0, 4))
+    assert unfused.gpu_state_bytes == 3 * MB * 2 * 2 + MB * 2 * 2  # resident + one buffer
+    assert unfused.host_bytes == MB * 2 * 2 + 4
+
+
+def test_the_plan_splits_host_state_between_host_and_staged_updates():
+    """Deep Optimizer States' interleave: with all state on the host, updating some
+    subgroups on the host and staging the others to the device beats doing either alone."""
+    groups = _groups(*[MB] * 40, itemsize=4)
+    plan = plan_offload(groups, H100, cpu_fraction=1.0)
+    kinds = [s.placement for s in plan.subgroups]
+    assert {"cpu", "staged"} == set(kinds)
+    alone = [simulate(groups, [k] * 40, H100).seconds for k in ("cpu", "staged")]
+    assert plan.predicted_seconds < min(alone)
+    assert plan.staging_bytes == 2 * MB * 4 * 2 and plan.gpu_state_bytes == plan.staging_bytes
+    assert "update on the device through" in plan.staging_note
+    assert f"{sum(k == 'staged' for k in kinds) / 40:.0%} on the device" in plan.summary()
+
+
+def test_left_to_choose_the_plan_stages_only_what_saves_90_percent():
+    """Two buffers of eight equal subgroups are 25% of the state: no staging, and the plan
+    says why; with forty they are 5%: staging, and the device saves >= 90% of the state
+    placed on the host. Forced, it stages whatever it costs."""
+    few = plan_offload(_groups(*[MB] * 8, itemsize=4), H100, cpu_fraction=1.0)
+    assert {s.placement for s in few.subgroups} == {"cpu"}
+    assert "would cost more than 10% of the state placed on the host" in few.summary()
+    many = plan_offload(_groups(*[MB] * 40, itemsize=4), H100, cpu_fraction=1.0)
+    moved = sum(MB * 4 * 2 for s in many.subgroups if s.on_host)
+    assert many.staged_share > 0
+    assert many.all_gpu_state_bytes - many.gpu_state_bytes >= MIN_SAVING * moved
+    forced = plan_offload(_groups(*[MB] * 8, itemsize=4), H100, cpu_fraction=1.0, staged=True)
+    assert {s.placement for s in forced.subgroups} == {"staged"}
+    assert forced.staging_note.endswith("forced (staged=True)")
+
+
+def test_staging_needs_a_device_of_its_own_unless_forced():
+    groups = _groups(*[MB] * 40, itemsize=4)
+    assert plan_offload(groups, CPU_DEFAULT, cpu_fraction=1.0).staged_share == 0
+    assert "on a CPU device" in plan_offload(groups, CPU_DEFAULT, cpu_fraction=1.0).summary()
+    assert plan_offload(groups, H100, cpu_fraction=1.0, staged=False).staged_share == 0
+    half = plan_offload(_groups(*[MB] * 4), CPU_DEFAULT, cpu_fraction=1.0, staged=0.5)
+    assert [s.placement for s in half.subgroups].count("staged") == 2  # the latest-ready
+
+
+def test_staging_buffers_count_in_the_budget():
+    groups = _groups(*[MB] * 40, itemsize=4)
+    all_state = simulate(groups, ["gpu"] * 40, H100).gpu_state_bytes
+    plan = plan_offload(groups, H100, gpu_state_budget_bytes=all_state // 4)
+    assert plan.staging_bytes > 0 and plan.gpu_state_bytes <= all_state // 4
+    with pytest.raises(ValueError, match="staged=True keeps the GPU optimizer state"):
+        plan_offload(groups, H100, cpu_fraction=1.0, staged=True, gpu_state_budget_bytes=0)
+
+
+def test_plans_that_stage_round_trip_through_json():
+    plan = plan_offload(_groups(*[MB] * 40, ready=1e-3), H100, cpu_fraction=1.0)
+    assert plan.staging_bytes > 0
+    assert OffloadPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+@pytest.mark.parametrize("staged", [-0.5, 1.5, "yes"])
+def test_bad_staged_options_raise_clearly(staged):
+    with pytest.raises(ValueError, match="staged must be"):
+        plan_offload(_groups(MB, MB), H100, staged=staged)

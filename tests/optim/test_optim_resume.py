@@ -1,7 +1,7 @@
 """Nothing lost with the offloaded optimizer: weights changed outside ``step()`` are kept
 (load_state_dict, in-place init, ``param.data = ...``, no_grad copies), and a checkpoint
 resumes bit-exactly in either order, fp32 and bf16 (the fp32 masters are saved), in another
-process, with an LR scheduler and gradient clipping."""
+process, with an LR scheduler and gradient clipping; with staged device updates too."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from optim_resume_worker import ORDERS, STEPS, build_model, build_optimizer, train
+from optim_resume_worker import MODES, ORDERS, STEPS, build_model, build_optimizer, train
 from torch import nn
 
 import fxopt
@@ -83,30 +83,32 @@ def test_a_reinitialised_model_trains_like_the_plain_optimizer(dtype):
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
-    """Per dtype: the uninterrupted run's final state, and per order the resumed one."""
+    """Per mode and dtype: the uninterrupted run's final state, and per order the resumed
+    one."""
     folder = tmp_path_factory.mktemp("resume")
     jobs, results, arguments = [], {}, []
-    for dtype in (torch.float32, torch.bfloat16):
-        model = build_model(dtype, seed=0)
-        optimizer, scheduler = build_optimizer(model)
-        train(model, optimizer, scheduler, STEPS, seed=0)
-        checkpoint = folder / f"{dtype}.pt"
-        torch.save({"model": model.state_dict(), "optim": optimizer.state_dict(),
-                    "sched": scheduler.state_dict()}, checkpoint)
-        train(model, optimizer, scheduler, STEPS, seed=1)
-        results[dtype] = {"uninterrupted": {"model": model.state_dict(),
-                                            "optim": optimizer.state_dict()}}
-        for order in ORDERS:
-            out = folder / f"{dtype}-{order}.pt"
-            jobs.append((dtype, order, out))
-            arguments += [str(checkpoint), str(dtype).split(".")[1], order, str(out)]
+    for mode in MODES:
+        for dtype in (torch.float32, torch.bfloat16):
+            model = build_model(dtype, seed=0)
+            optimizer, scheduler = build_optimizer(model, mode)
+            train(model, optimizer, scheduler, STEPS, seed=0)
+            checkpoint = folder / f"{mode}-{dtype}.pt"
+            torch.save({"model": model.state_dict(), "optim": optimizer.state_dict(),
+                        "sched": scheduler.state_dict()}, checkpoint)
+            train(model, optimizer, scheduler, STEPS, seed=1)
+            results[mode, dtype] = {"uninterrupted": {"model": model.state_dict(),
+                                                      "optim": optimizer.state_dict()}}
+            for order in ORDERS:
+                out = folder / f"{mode}-{dtype}-{order}.pt"
+                jobs.append((mode, dtype, order, out))
+                arguments += [str(checkpoint), str(dtype).split(".")[1], order, mode, str(out)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(WORKER), *arguments], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    for dtype, order, out in jobs:
-        results[dtype][order] = torch.load(out)
+    for mode, dtype, order, out in jobs:
+        results[mode, dtype][order] = torch.load(out)
     return results
 
 
@@ -123,11 +125,18 @@ def _assert_bitwise(actual, expected, where=""):
 
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_resume_in_another_process_is_bit_exact(resumed, dtype, order):
-    expected = resumed[dtype]["uninterrupted"]
-    _assert_bitwise(resumed[dtype][order]["model"], expected["model"], "model")
-    _assert_bitwise(resumed[dtype][order]["optim"]["state"], expected["optim"]["state"],
-                    "optimizer state")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_resume_in_another_process_is_bit_exact(resumed, mode, dtype, order):
+    expected = resumed[mode, dtype]["uninterrupted"]
+    _assert_bitwise(resumed[mode, dtype][order]["model"], expected["model"], "model")
+    _assert_bitwise(resumed[mode, dtype][order]["optim"]["state"],
+                    expected["optim"]["state"], "optimizer state")
+
+
+def test_the_staged_mode_stages():
+    model = build_model(torch.float32, seed=0)
+    optimizer, _ = build_optimizer(model, "staged")
+    assert set(optimizer.placements()) == {"cpu", "staged"}
 
 
 def test_bf16_checkpoints_carry_the_fp32_masters():

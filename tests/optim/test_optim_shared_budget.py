@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from fxopt.optim.model import PLACEMENTS, ParamInfo, offload_frontier, simulate, split_subgroups
+from fxopt.optim.model import RESIDENCIES, ParamInfo, offload_frontier, simulate, split_subgroups
 from fxopt.optim.shared_budget import choose_with_optimizer, resident_bytes
 from fxopt.planner import (
     ActivationChoice,
@@ -57,7 +57,7 @@ def _brute_force(problem, subgroups, budget, hardware):
     for combo in itertools.product(*[["keep", *(c.action for c in a.choices)] for a in acts]):
         decision = evaluate(problem.activations, dict(zip([a.name for a in acts], combo)),
                             "brute")
-        for placement in itertools.product(PLACEMENTS, repeat=len(subgroups)):
+        for placement in itertools.product(RESIDENCIES, repeat=len(subgroups)):
             opt = simulate(subgroups, placement, hardware)
             resident = opt.gpu_state_bytes + (opt.host_bytes if hardware.device_type == "cpu"
                                               else 0)
@@ -117,7 +117,7 @@ def test_offload_frontier_is_non_dominated_and_reaches_both_ends():
     assert states == sorted(states) and times == sorted(times, reverse=True)
     assert states[0] == 0 and frontier[-1].predicted_seconds == pytest.approx(
         min(simulate(subgroups, c, GPU).seconds
-            for c in itertools.product(PLACEMENTS, repeat=6)))
+            for c in itertools.product(RESIDENCIES, repeat=6)))
 
 
 def test_a_fraction_is_refused():

@@ -14,7 +14,7 @@ import torch
 
 from fxopt.cli.capture import capture_joints
 from fxopt.config import MemoryBudget
-from fxopt.doctor import _deep_mlp
+from fxopt.doctor.memory import deep_mlp
 from fxopt.planner import peak_bytes, profile_for
 from fxopt.planner.joint import step_problem
 from fxopt.planner.solvers.fraction_peak import ChainPeak, solve_peak_capped
@@ -24,7 +24,7 @@ from fxopt.planner.step import plan_step
 @pytest.fixture(scope="module")
 def problem():
     torch.manual_seed(0)
-    joint = capture_joints(_deep_mlp(16), (torch.randn(32, 16),))[0]
+    joint = capture_joints(deep_mlp(16), (torch.randn(32, 16),))[0]
     return step_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))[1]
 
 

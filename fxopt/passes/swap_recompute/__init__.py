@@ -145,7 +145,7 @@ def predict_plan_peak(plan: Plan, gm: fx.GraphModule, analysis: JointAnalysis,
         plan.predictions["model_peak_bytes"] = plan.predictions["peak_bytes"]
     plan.predictions["peak_bytes"] = simulated
     if "fraction" not in plan.extra and plan.budget_bytes is not None:
-        plan.feasible = simulated <= plan.budget_bytes
+        plan.feasible = simulated <= plan.extra.get("peak_target_bytes", plan.budget_bytes)
 
 
 def partitions_by_min_cut(ctx: PassContext) -> bool:

@@ -12,7 +12,8 @@ import torch
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
-from fxopt.doctor import _deep_mlp, memory_problems
+from fxopt.doctor.criteria import memory_problems
+from fxopt.doctor.memory import deep_mlp
 from fxopt.profile import profile_memory
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,7 @@ def _step(codegen: str, fraction: float) -> tuple[int, int, int, list[dict]]:
     peaks above the parameters and the input, as the doctor takes them."""
     torch.compiler.reset()
     torch.manual_seed(0)
-    model, x = _deep_mlp(WIDTH), torch.randn(BATCH, WIDTH)
+    model, x = deep_mlp(WIDTH), torch.randn(BATCH, WIDTH)
     backend = fxopt.backend(memory_budget=fraction, codegen=codegen, strict=True)
     compiled = torch.compile(model, backend=backend)
     profile = profile_memory(compiled, (x,), steps=1, warmup=1)
@@ -46,7 +47,7 @@ def _step(codegen: str, fraction: float) -> tuple[int, int, int, list[dict]]:
 @pytest.mark.parametrize("codegen", ["fx", "inductor"])
 def test_a_lower_fraction_never_peaks_higher(codegen):
     torch.manual_seed(0)
-    model, x = _deep_mlp(WIDTH), torch.randn(BATCH, WIDTH)
+    model, x = deep_mlp(WIDTH), torch.randn(BATCH, WIDTH)
     plain_saved = _saved_bytes(model, model, x)
     rows = []
     for fraction in BUDGETS:

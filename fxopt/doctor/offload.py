@@ -1,6 +1,8 @@
-"""What ``fxopt doctor``'s ``offload_optimizer`` check measures (`fxopt.doctor` judges it):
-the plain and the offloaded AdamW on the same compiled model, and offloaded optimizers
-built and dropped in a loop. Apart from `fxopt.doctor` to keep each module small."""
+"""``fxopt doctor``'s offloaded-optimizer check: the plain and the offloaded AdamW on the
+same compiled model (the same steps; the device memory the host state frees), and
+offloaded optimizers built and dropped in a loop (each freed). Judged by
+:func:`fxopt.doctor.criteria.offload_problems`."""
+
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import torch
 from torch import nn
 
 from fxopt.devices import indexed
+from fxopt.doctor.criteria import offload_problems
+from fxopt.doctor.report import Failed
 
 
 def _mlp(width: int) -> nn.Module:
@@ -115,3 +119,43 @@ def release_rounds(device: torch.device, rounds: int = 2) -> tuple[bool, list[in
         if now is not None:
             allocated.append(now)
     return any(ref() is not None for ref in refs), allocated
+
+
+def check_offload_optimizer(device: torch.device) -> dict[str, Any]:
+    """The offloaded AdamW (half its parameters' state on the host) against the plain one;
+    fails on any of :func:`offload_problems`:
+
+    1. after 3 steps a parameter differs from plain AdamW's beyond fp32 rounding
+       (rtol 1e-5, atol 1e-6);
+    2. built, stepped and dropped twice: a weak reference to a dropped optimizer stays
+       alive, or (CUDA) ``memory_allocated`` after the second round exceeds the first's by
+       more than ``RELEASE_SLACK_BYTES``;
+    3. the same model compiled by the same backend options for both: plain minus
+       offloaded device peak of a steady forward+backward (CUDA: ``max_memory_allocated``;
+       CPU: the profiler's, the host category left out) below ``SAVING_FLOOR`` of the state
+       placed on the host, or more than ``SAVING_TOLERANCE`` off the plan's
+       ``all_gpu_state_bytes - gpu_state_bytes``, or nothing placed on the host.
+
+    Its report line carries ``plan.summary()``, on success and on failure."""
+    plain, plain_peak, _ = offload_side(device, offloaded=False)
+    params, peak, plan = offload_side(device, offloaded=True)
+    close = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(params, plain))
+    alive, released = release_rounds(device)
+    itemsize = plain[0].element_size()
+    measured = {
+        "close": close, "difference": max((a - b).abs().max().item()
+                                          for a, b in zip(params, plain)),
+        "alive": alive, "released": released, "saving": plain_peak - peak,
+        "host state": sum(s.numel for s in plan.subgroups if s.placement == "cpu")
+        * itemsize * plan.states_per_param,
+        "predicted": plan.all_gpu_state_bytes - plan.gpu_state_bytes}
+    results = {"plan": plan.summary(), "steps": 3,
+               "largest difference": measured["difference"],
+               "dropped optimizers alive": int(alive),
+               "allocated after each round": released or "n/a (CPU)",
+               **{f"{k} KiB": round(measured[k] / 2**10, 1)
+                  for k in ("saving", "host state", "predicted")}}
+    problems = offload_problems(measured)
+    if problems:
+        raise Failed("; ".join(problems) + f" (plan: {plan.summary()})", results)
+    return results

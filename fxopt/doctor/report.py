@@ -1,0 +1,87 @@
+"""What ``fxopt doctor`` reports: a :class:`Check` per check (ok, failed or skipped, a
+one-line detail, the numbers it measured), the exceptions a check raises to skip or fail,
+and the report as a table and as JSON."""
+
+from __future__ import annotations
+
+import math
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Check", "Failed", "Skip", "cuda_only", "environment", "format_report",
+           "report_json"]
+
+
+@dataclass
+class Check:
+    """One check's outcome: ``status`` "ok", "failed" or "skipped"; ``detail`` why it failed
+    or skipped; ``data`` what it measured."""
+
+    name: str
+    status: str  # "ok", "failed" or "skipped"
+    detail: str
+    seconds: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Skip(Exception):
+    """A check that cannot run here; the message says why."""
+
+
+class Failed(AssertionError):
+    """A check's criterion not met: the message says which, ``data`` keeps what it measured
+    for the report."""
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.data = data
+
+
+def cuda_only(device: torch.device) -> None:
+    """Skip a check that measures what only a CUDA device has."""
+    if device.type != "cuda":
+        raise Skip("needs a CUDA device")
+
+
+def environment() -> dict[str, Any]:
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def report_json(checks: list[Check]) -> dict[str, Any]:
+    return {"environment": environment(), "checks": [asdict(c) for c in checks]}
+
+
+def _summary(data: dict[str, Any]) -> str:
+    parts = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        elif isinstance(value, float) and not math.isnan(value):
+            value = f"{value:.3g}"
+        parts.append(f"{key}: {value}")
+    return "; ".join(parts)
+
+
+def format_report(checks: list[Check]) -> str:
+    """A table: one line per check (status, seconds, what it found or why it skipped)."""
+    env = environment()
+    lines = [" ".join(f"{k} {v}" for k, v in env.items()), ""]
+    lines.append(f"{'check':<18} {'status':<8} {'seconds':>7}  result")
+    for c in checks:
+        lines.append(f"{c.name:<18} {c.status:<8} {c.seconds:>7.1f}  "
+                     f"{c.detail or _summary(c.data)}")
+    skipped = [c.name for c in checks if c.status == "skipped"]
+    if skipped:
+        lines.append(f"\nskipped here: {', '.join(skipped)} (run fxopt doctor on a GPU)")
+    return "\n".join(lines)
