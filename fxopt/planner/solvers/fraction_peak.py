@@ -13,8 +13,10 @@ memory simulation of the joint graph, :class:`~fxopt.planner.activations.
 ActivationProblem`'s ``live_bytes``), less each recomputed tensor's bytes over its window,
 from its last forward use to its rebuild, which is its first backward use or the rebuild
 of any recomputed tensor whose chain reads it, whichever comes first. The transient values
-inside a chain are not counted; the chosen plan is checked against the partitioned step's
-simulation (:func:`choose`'s ``simulate``).
+inside a chain are not counted; under fx code generation the chosen plan is checked
+against the partitioned step's simulation (:func:`solve_peak_capped`'s ``simulate``);
+under Inductor the partition search predicts each partition's peak
+(:mod:`fxopt.passes.swap_recompute.inductor_budget`).
 
 The choice (:func:`solve_peak_capped`). Candidates: the states of the saved-bytes path
 (fastest first) and of two paths ranked by the model's peak (from the floor, keep next
@@ -26,8 +28,9 @@ whose peak is at most the *cap*, and the cap is the lowest peak of the plans of 
 larger levels, starting at plain autograd's. So the plan for a smaller budget never peaks
 above the plan for a larger one (in the model), nor above plain autograd's. Where no
 candidate within the target meets the cap, the lowest-peak one is taken and
-``peak_capped`` is False (the caller warns). Cost: each peak path evaluates the model
-(one pass over the timeline) about n^2 / 2 times for n options; above
+``peak_capped`` is False (:func:`fxopt.planner.step.plan_step` warns where it is above
+plain autograd's, and logs where it is only above a larger budget's). Cost: each peak
+path evaluates the model (one pass over the timeline) about n^2 / 2 times for n options; above
 :data:`PEAK_PATH_OPTIONS` options only the saved-bytes path's states are candidates.
 """
 
