@@ -344,6 +344,7 @@ def _render(report: ExplainReport) -> list[str]:
             if m is not None:
                 lines.append(f"  predicted memory, {label}: peak {_mib(m.peak_bytes)} MiB, "
                              f"activations kept for backward {_mib(m.activation_bytes)} MiB")
+        lines += _peak_above_plain(graph)
         lines.append(header)
         for r in graph.passes:
             nodes = "" if r.nodes_before is None else f"{r.nodes_before}->{r.nodes_after or '-'}"
@@ -356,3 +357,24 @@ def _render(report: ExplainReport) -> list[str]:
             if r.ran:
                 lines += _decline_rows(r.verdicts) + _plan_rows(r.stats)
     return lines
+
+
+def _peak_above_plain(graph: GraphRecord) -> list[str]:
+    """Why fxopt's predicted peak is above plain autograd's, with the numbers: the joint
+    graph the passes before autograd left (their forms can hold more than autograd's) and
+    what the joint passes made of it (swap_recompute never plans above the graph it is
+    given, :mod:`fxopt.planner.solvers.fraction_peak`)."""
+    plain, ours = graph.memory.get("autograd"), graph.memory.get("fxopt")
+    if plain is None or ours is None or ours.peak_bytes <= plain.peak_bytes:
+        return []
+    above = f"  fxopt's peak is {_mib(ours.peak_bytes - plain.peak_bytes)} MiB above plain " \
+            "autograd's"
+    joint = next((r for r in graph.passes if r.stage == "joint" and r.memory_before), None)
+    if joint is None or joint.memory_before.peak_bytes <= plain.peak_bytes:
+        return [f"{above}: see the passes' peaks below"]
+    before = [r.name for r in graph.passes if r.stage == "pre_autograd" and r.status == "changed"]
+    return [f"{above}: the joint graph the passes before autograd left "
+            f"({', '.join(before) or 'none changed it'}) peaks at "
+            f"{_mib(joint.memory_before.peak_bytes)} MiB, and the joint passes took it to "
+            f"{_mib(ours.peak_bytes)} MiB"]
+

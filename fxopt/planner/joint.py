@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -360,7 +360,11 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
         baseline_bytes=estimate.baseline_bytes, activation_bytes=estimate.activation_bytes,
         step_seconds=sum(analysis.step_seconds), fraction_bounds_peak=force_swap,
         peak_margin=codegen.peak_margin, codegen=codegen.name,
-        simulate=None if force_swap else _simulator(gm, analysis, num_fwd_outputs, codegen))
+        simulate=None if force_swap else _simulator(gm, analysis, num_fwd_outputs, codegen),
+        # a fraction under Inductor is partitioned by BudgetedMinCut, which predicts each
+        # partition's peak itself: its min-cut simulations would cost seconds each here
+        simulate_tagged=None if force_swap or codegen.partitions_by_min_cut
+        else _tagged_simulator(gm, num_fwd_outputs, codegen))
 
 
 def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int,
@@ -370,6 +374,16 @@ def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int
     (:func:`~fxopt.analysis.memory.estimate_partitioned_memory`, what explain shows)."""
     def simulate(actions: Mapping[str, str]) -> int:
         tagged = [n.name for name in actions for n in group_chain(analysis, name)[0]]
+        return estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,
+                                           recompute=tagged).peak_bytes
+    return simulate
+
+
+def _tagged_simulator(gm: fx.GraphModule, num_fwd_outputs: int, codegen: Codegen
+                      ) -> Callable[[Sequence[str]], int]:
+    """Names of nodes to tag ``MUST_RECOMPUTE`` (a fraction plan's chains) -> the simulated
+    peak of the step they compile to, as :func:`_simulator`'s."""
+    def simulate(tagged: Sequence[str]) -> int:
         return estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,
                                            recompute=tagged).peak_bytes
     return simulate

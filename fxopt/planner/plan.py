@@ -79,6 +79,9 @@ class Plan:
         """A fraction budget's plan: the recomputed tensors, the saved bytes predicted
         (plain, after, floor), one row per saved tensor that could be recomputed."""
         recomputed = set(decision.recompute)
+        peak = {} if decision.peak_bytes is None else {
+            "peak_bytes" if decision.peak_simulated else "model_peak_bytes":
+                decision.peak_bytes, "plain_peak_bytes": decision.plain_peak_bytes}
         rows = [{"tensor": o.name, "bytes": sum(problem.storage_bytes[s] for s in o.storages),
                  "action": "recompute" if o.name in recomputed else "keep",
                  "seconds": sum(problem.node_seconds.get(n, 0.0) for n in o.chain)
@@ -88,9 +91,10 @@ class Plan:
                    predictions={"saved_bytes": decision.kept_bytes,
                                 "plain_saved_bytes": decision.plain_bytes,
                                 "floor_saved_bytes": decision.floor_bytes,
-                                "added_seconds": decision.added_seconds},
+                                "added_seconds": decision.added_seconds, **peak},
                    solver=decision.solver, status="", planning_seconds=0.0,
-                   feasible=decision.feasible, extra={"fraction": fraction, "tensors": rows})
+                   feasible=decision.feasible, extra={"fraction": fraction, "tensors": rows,
+                                                      "peak_capped": decision.peak_capped})
 
     def table(self, floor_peak_bytes: int | None = None) -> str:
         """The plan as text: what it recomputes, swaps and keeps, the predicted peak (or saved

@@ -41,7 +41,7 @@ import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fxopt.config import MemoryBudget, OptionError
@@ -49,7 +49,12 @@ from fxopt.planner.activations import ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
 from fxopt.planner.ledger import BudgetLedger
 from fxopt.planner.plan import Plan
-from fxopt.planner.solvers.fraction import SavedBytesProblem, replay_fraction, solve_fraction
+from fxopt.planner.solvers.fraction import (
+    FractionDecision,
+    SavedBytesProblem,
+    replay_fraction,
+)
+from fxopt.planner.solvers.fraction_peak import solve_peak_capped
 from fxopt.planner.solvers.greedy import solve_greedy
 from fxopt.planner.solvers.milp import DEFAULT_TIME_LIMIT, solve_activations
 from fxopt.units import format_mib
@@ -88,6 +93,9 @@ class StepProblem:
     # actions -> the compiled step's simulated peak (the memory model explain shows;
     # :func:`fxopt.planner.joint.step_problem` sets it); None: the timeline model's stands
     simulate: Callable[[Mapping[str, str]], int] | None = field(
+        default=None, compare=False, repr=False)
+    # nodes tagged MUST_RECOMPUTE -> the same simulation (a fraction plan's chains)
+    simulate_tagged: Callable[[Sequence[str]], int] | None = field(
         default=None, compare=False, repr=False)
 
 
@@ -145,18 +153,26 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
     else:
         target = budget.saved_bytes_bound(saved.plain_bytes)
     if replay is None:
-        decision = solve_fraction(saved, target)
+        def solve(bound: int) -> FractionDecision:
+            return solve_peak_capped(saved, problem.activations, bound, problem.simulate_tagged)
+
+        decision = solve(target)
         if not decision.feasible and ledger is not None and share_bytes is None and (
                 rebalanced := ledger.rebalance(budget, saved.plain_bytes,
                                                decision.floor_bytes)) is not None:
             target = rebalanced  # earlier graphs are planned again with less
-            decision = solve_fraction(saved, target)
+            decision = solve(target)
     else:
         try:
             decision = replay_fraction(saved, target, replay.actions)
         except KeyError as error:
             raise ValueError(f"fxopt: the plan of graph {replay.graph or '?'} does not match "
                              f"this graph (no saved tensor {error}); plan it again") from error
+        if (simulate := problem.simulate_tagged) is not None:  # predicted as when solved
+            plain = simulate(())
+            decision = dataclasses.replace(
+                decision, peak_bytes=simulate(decision.tagged) if decision.recompute else plain,
+                plain_peak_bytes=plain, peak_simulated=True)
     if not decision.feasible and replay is None:
         within = (f"its share ({target} bytes) of memory_budget {fraction:g} of the model's "
                   f"plain saved bytes (this graph's: {decision.plain_bytes} bytes), what the "
@@ -173,6 +189,8 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
                         " of its plain saved bytes")
         base = decision.plain_bytes + (ledger.plain_bytes if shared else 0)
         _infeasible(message + _input_floor(saved, base), "applying the floor's plan", strict)
+    if replay is None and decision.feasible:
+        _peak_checked(problem, decision, fraction)
     plan = Plan.from_fraction(decision, saved, hardware, fraction)
     plan.extra["tagged"] = list(decision.tagged)
     if ledger is not None:
@@ -199,6 +217,29 @@ def _input_floor(saved: SavedBytesProblem, base_bytes: int) -> str:
             "fuse_linear_cross_entropy never stores logits): "
             "fxopt.ignore_transformers_logging() around the first call removes "
             "transformers' logging breaks; fxopt.explain names the breaks")
+
+
+def _peak_checked(problem: StepProblem, decision: FractionDecision, fraction: float) -> None:
+    """Warn where a fraction plan's predicted peak is above plain autograd's; log where it
+    is above what a larger budget's plan reaches (:mod:`~fxopt.planner.solvers.
+    fraction_peak`). The fraction is met, so ``strict`` (which raises where a budget is
+    not) does not raise: on small graphs whose peak recompute cannot lower, every plan
+    within the fraction can peak a few bytes above plain autograd's."""
+    if decision.peak_capped or decision.peak_bytes is None:
+        return
+    plain = decision.plain_peak_bytes or 0
+    message = (f"fxopt: swap_recompute meets memory_budget {fraction:g} on {problem.graph} "
+               f"(keeps {decision.kept_bytes} of {decision.plain_bytes} saved bytes), but "
+               f"its plan predicts a step peak of {format_mib(decision.peak_bytes)} MiB "
+               f"({decision.peak_bytes} bytes)")
+    if decision.peak_bytes > plain:
+        warnings.warn(f"{message}, above plain autograd's {format_mib(plain)} MiB ({plain} "
+                      "bytes): no plan found within the fraction peaks lower (recomputed "
+                      "chains come back together in the backward). A larger memory_budget, "
+                      "or a byte budget (which bounds the peak), avoids it", stacklevel=4)
+    else:
+        log.info("%s, above what a larger memory_budget's plan reaches (no plan found "
+                 "within this one peaks lower; plain autograd's: %d bytes)", message, plain)
 
 
 def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: HardwareProfile,

@@ -134,8 +134,9 @@ def predict_plan_peak(plan: Plan, gm: fx.GraphModule, analysis: JointAnalysis,
     predicts what compilation predicts. A swap's bytes leave the device when its copy is
     done, which a simulation of the graphs cannot see: with swaps the timeline model's
     figure stands."""
-    if "swap" in plan.actions.values() or "model_peak_bytes" in plan.predictions:
-        return  # swaps: see above; model_peak_bytes: plan_step simulated it already
+    if "swap" in plan.actions.values() or "model_peak_bytes" in plan.predictions or (
+            "plain_peak_bytes" in plan.predictions and "peak_bytes" in plan.predictions):
+        return  # swaps: see above; plan_step simulated it already
     tagged = plan.extra["tagged"] if "fraction" in plan.extra else [
         n.name for name in plan.actions for n in group_chain(analysis, name)[0]]
     simulated = estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,

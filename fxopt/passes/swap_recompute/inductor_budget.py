@@ -36,6 +36,14 @@ Every partition's bytes count the graph's inputs that are activations (another g
 outputs across a graph break, ``activation_inputs``) when it saves them: a fraction is a
 promise about what the step keeps, measured as saved-tensor hooks measure it.
 
+4. never peaks above fxopt's own plan: each partition's step peak is predicted
+   (:func:`~fxopt.analysis.memory.estimate_step_memory` as Inductor's code runs it), and
+   fxopt's plan (whose peak, by its model, never rises as the budget falls and stays at or
+   below plain autograd's, :mod:`fxopt.planner.solvers.fraction_peak`) is partitioned too
+   (one more partition per graph) and taken where it keeps within the share and peaks
+   lower than the min-cut's: on ``fxopt doctor``'s deep MLP the min-cut at 0.35 peaked
+   above its own at 0.6, fxopt's plan does not (``benchmarks/results/doctor_memory_cpu.md``).
+
 The ledger's entry for the graph and the pass's stats (``stats["inductor"]``) are then
 set to what the chosen partition keeps (the pass's other stats are fxopt's own plan,
 the fallback).
@@ -97,17 +105,18 @@ class BudgetedMinCut:
                  ) -> tuple[fx.GraphModule, fx.GraphModule]:
         """``partition(joint_copy, budget)``: Inductor's min-cut of a copy under
         ``activation_memory_budget=budget`` (None: its default, no budget)."""
-        trials: list[tuple[float | None, int, tuple[fx.GraphModule, fx.GraphModule]]] = []
+        trials: list[_Trial] = []
 
         def trial(budget: float | None, tags: tuple[str, ...] = ()) -> int:
             result = _exact_random_partition(joint, partition, budget, tags)
             kept = (estimate_step_memory(*result).activation_bytes
                     + saved_input_bytes(*result, self.activation_inputs))
-            trials.append((budget, kept, result))
+            peak = estimate_step_memory(*result, codegen="inductor").peak_bytes
+            trials.append(_Trial(budget, kept, result, peak))
             return kept
 
         first = self.fraction if self.fraction < 1 and not self.plain_fits else None
-        fits: tuple[float | None, int, Any] | None = None
+        fits: _Trial | None = None
         if trial(first) <= self.target_bytes:
             fits = trials[-1]
         else:
@@ -121,26 +130,28 @@ class BudgetedMinCut:
         chosen = "inductor min-cut"
         if fits is None:
             chosen, fits = self._fallback(joint, partition, trial, trials)
-        budget, kept, (forward, backward) = fits
-        self._record(chosen, budget, kept, [(b, k) for b, k, _ in trials])
-        if kept > self.target_bytes and self.plan_feasible:
+        elif self.fallback_tags:  # fxopt's plan, where it keeps within the share and peaks lower
+            label, own = self._fallback(joint, partition, trial, trials)
+            if own.kept <= self.target_bytes and own.peak < fits.peak:
+                chosen, fits = label, own
+        self._record(chosen, fits, trials)
+        if fits.kept > self.target_bytes and self.plan_feasible:
             message = (f"fxopt: swap_recompute under Inductor cannot keep this graph's "
                        f"saved bytes within its share ({self.target_bytes} bytes) of "
                        f"memory_budget {self.fraction:g}: the fewest its partitions keep "
-                       f"are {kept} bytes")
+                       f"are {fits.kept} bytes")
             if self.strict:
                 raise InfeasibleBudget(message)
             warnings.warn(f"{message}; using that partition", stacklevel=2)
-        return forward, backward
+        return fits.result
 
     def _fallback(self, joint: fx.GraphModule, partition: Callable[..., Any],
-                  trial: Callable[..., int], trials: list[Any]) -> tuple[str, Any]:
-        """Where no budget fits the share: fxopt's plan (its recompute tags) under
-        Inductor's min-cut, else under torch's default partitioner, for which fxopt's
-        plan is exact (it saves what the plan keeps); the one that keeps the fewest bytes
-        where neither fits."""
+                  trial: Callable[..., int], trials: list[_Trial]) -> tuple[str, _Trial]:
+        """fxopt's plan (its recompute tags) under Inductor's min-cut, else under torch's
+        default partitioner, for which fxopt's plan is exact (it saves what the plan
+        keeps); the one that keeps the fewest bytes where neither fits."""
         trial(None, self.fallback_tags)
-        if trials[-1][1] <= self.target_bytes or self.num_fwd_outputs is None:
+        if trials[-1].kept <= self.target_bytes or self.num_fwd_outputs is None:
             return "fxopt plan", trials[-1]
 
         def own(copy: fx.GraphModule, _: float | None) -> Any:
@@ -149,20 +160,33 @@ class BudgetedMinCut:
         trial_own = _exact_random_partition(joint, own, None, self.fallback_tags)
         kept = (estimate_step_memory(*trial_own).activation_bytes
                 + saved_input_bytes(*trial_own, self.activation_inputs))
-        trials.append((None, kept, trial_own))
-        if kept <= trials[-2][1]:
+        trials.append(_Trial(None, kept, trial_own,
+                             estimate_step_memory(*trial_own, codegen="inductor").peak_bytes))
+        if kept <= trials[-2].kept:
             return "fxopt plan, default partitioner", trials[-1]
         return "fxopt plan", trials[-2]
 
-    def _record(self, chosen: str, budget: float | None, kept: int,
-                trials: list[tuple[float | None, int]]) -> None:
-        self.stats.update(partition=chosen, activation_memory_budget=budget,
-                          saved_bytes_after=kept, trials=trials)
+    def _record(self, chosen: str, fits: _Trial, trials: list[_Trial]) -> None:
+        self.stats.update(partition=chosen, activation_memory_budget=fits.budget,
+                          saved_bytes_after=fits.kept, peak_bytes=fits.peak,
+                          trials=[(t.budget, t.kept, t.peak) for t in trials])
         if self.ledger is not None and self.entry is not None:
             self.ledger.shares[self.entry] = dataclasses.replace(
-                self.ledger.shares[self.entry], kept_bytes=kept)
+                self.ledger.shares[self.entry], kept_bytes=fits.kept)
         log.info("fxopt: swap_recompute under Inductor: %s (activation_memory_budget %s) "
-                 "keeps %d bytes of a %d-byte share", chosen, budget, kept, self.target_bytes)
+                 "keeps %d bytes of a %d-byte share, predicted peak %d", chosen, fits.budget,
+                 fits.kept, self.target_bytes, fits.peak)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trial:
+    """One partition tried: its budget, the bytes it keeps, the graphs, its predicted
+    peak (Inductor's generated code, :func:`~fxopt.analysis.memory.estimate_step_memory`)."""
+
+    budget: float | None
+    kept: int
+    result: tuple[fx.GraphModule, fx.GraphModule]
+    peak: int
 
 
 def saved_input_bytes(forward: fx.GraphModule, backward: fx.GraphModule,

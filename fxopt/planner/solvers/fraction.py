@@ -41,12 +41,14 @@ added time never falls with it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-__all__ = ["FractionDecision", "RecomputeOption", "SavedBytesProblem", "replay_fraction",
-           "rng_state_bytes", "solve_fraction"]
+__all__ = ["FractionDecision", "RecomputeOption", "SavedBytesProblem", "fraction_decision",
+           "fraction_path", "replay_fraction", "rng_state_bytes", "solve_fraction"]
 
 _GRAPHSAFE_RNG_STATE_BYTES = 16  # CUDA: a seed and an offset (int64 each)
 
@@ -102,6 +104,13 @@ class FractionDecision:
     tagged: tuple[str, ...] = ()   # chain nodes to tag MUST_RECOMPUTE
     solver: str = "fraction path"
     path: list[tuple[int, float]] = field(default_factory=list)  # (kept, seconds) per state
+    # the step's predicted peak and plain autograd's (None: not predicted; simulated: the
+    # partitioned step's simulation, else the chain model's), and whether the peak is
+    # within what larger budgets' plans and plain autograd's reach (:mod:`.fraction_peak`)
+    peak_bytes: int | None = None
+    plain_peak_bytes: int | None = None
+    peak_simulated: bool = False
+    peak_capped: bool = True
 
     @property
     def feasible(self) -> bool:
@@ -157,23 +166,41 @@ class _State:
                     changed = True
 
 
-def solve_fraction(problem: SavedBytesProblem, target_bytes: int) -> FractionDecision:
-    """The fastest plan on the search path (module doc) that keeps at most
-    ``target_bytes``; below the floor, the floor's plan (``feasible`` is then False)."""
+Rank = Callable[[str, frozenset[str], tuple[int, float]], Any]
+
+
+def _seconds_per_byte(name: str, recomputed: frozenset[str], delta: tuple[int, float]) -> Any:
+    return delta[1] / max(delta[0], 1), -delta[0], name
+
+
+def fraction_path(problem: SavedBytesProblem, rank: Rank = _seconds_per_byte
+                  ) -> list[tuple[int, float, tuple[str, ...]]]:
+    """The search path of the module doc, from the floor to keeping everything: per state
+    (bytes kept, seconds added, option names recomputed). ``rank(name, recomputed,
+    (bytes added, seconds saved))``: the option kept next is the highest ranked (by
+    default the most seconds saved per byte added; :mod:`.fraction_peak` walks a second
+    path ranked by the predicted peak)."""
     state = _State(problem)
     state.keep_free()
     states = [(state.kept_bytes(), state.seconds(), tuple(sorted(state.recomputed)))]
     while state.recomputed:
+        recomputed = frozenset(state.recomputed)
         deltas = {name: state.keep_delta(o) for name, o in state.recomputed.items()}
-        name = max(deltas, key=lambda n: (deltas[n][1] / max(deltas[n][0], 1),
-                                          -deltas[n][0], n))
+        name = max(deltas, key=lambda n: rank(n, recomputed, deltas[n]))
         state.keep(state.recomputed[name])
         state.keep_free()
         states.append((state.kept_bytes(), state.seconds(), tuple(sorted(state.recomputed))))
+    return states
+
+
+def solve_fraction(problem: SavedBytesProblem, target_bytes: int) -> FractionDecision:
+    """The fastest plan on the search path (module doc) that keeps at most
+    ``target_bytes``; below the floor, the floor's plan (``feasible`` is then False)."""
+    states = fraction_path(problem)
     floor = min(states, key=lambda s: s[0])
     chosen = next((s for s in reversed(states) if s[0] <= target_bytes), floor)
-    return _decision(problem, chosen[2], target_bytes, floor[0], "fraction path",
-                     [(k, s) for k, s, _ in states])
+    return fraction_decision(problem, chosen[2], target_bytes, floor[0], "fraction path",
+                             [(k, s) for k, s, _ in states])
 
 
 def replay_fraction(problem: SavedBytesProblem, target_bytes: int,
@@ -185,12 +212,13 @@ def replay_fraction(problem: SavedBytesProblem, target_bytes: int,
     missing = [n for n in names if n not in options]
     if missing:
         raise KeyError(missing[0])
-    return _decision(problem, names, target_bytes, floor, "plan", [])
+    return fraction_decision(problem, names, target_bytes, floor, "plan", [])
 
 
-def _decision(problem: SavedBytesProblem, names: tuple[str, ...], target_bytes: int,
-              floor_bytes: int, solver: str, path: list[tuple[int, float]]
-              ) -> FractionDecision:
+def fraction_decision(problem: SavedBytesProblem, names: tuple[str, ...], target_bytes: int,
+                      floor_bytes: int, solver: str, path: list[tuple[int, float]]
+                      ) -> FractionDecision:
+    """The decision recomputing the options ``names`` (the rest kept)."""
     state = _State(problem)
     for option in problem.options:
         if option.name not in names:
