@@ -12,6 +12,7 @@ import gc
 import pytest
 import torch
 from models import MLP
+from optim_resume_worker import train
 from torch import nn
 
 from fxopt.devices import indexed
@@ -33,16 +34,9 @@ def _model(dtype, seed=0):
 
 
 def _train(model, optimizer, steps, seed=0):
+    """The resume tests' recipe (a StepLR schedule, in-place clipping) on a fresh schedule."""
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    generator = torch.Generator().manual_seed(seed)
-    dtype = next(model.parameters()).dtype
-    for _ in range(steps):
-        x = torch.randn(6, 13, generator=generator).to(dtype)
-        optimizer.zero_grad()
-        model(x).float().pow(2).mean().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)  # in place
-        optimizer.step()
-        scheduler.step()
+    train(model, optimizer, scheduler, steps, seed)
 
 
 def _assert_bitwise(actual, expected):
