@@ -369,20 +369,22 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
 
 def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int,
                codegen: Codegen) -> Callable[[Mapping[str, str]], int]:
-    """Actions -> the peak of the step they compile to: a copy of ``gm`` with their
-    recompute chains tagged, partitioned as the compiler will and simulated
-    (:func:`~fxopt.analysis.memory.estimate_partitioned_memory`, what explain shows)."""
+    """Actions -> the peak of the step they compile to: their recompute chains' nodes
+    simulated by :func:`_tagged_simulator`."""
+    simulate_tagged = _tagged_simulator(gm, num_fwd_outputs, codegen)
+
     def simulate(actions: Mapping[str, str]) -> int:
-        tagged = [n.name for name in actions for n in group_chain(analysis, name)[0]]
-        return estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,
-                                           recompute=tagged).peak_bytes
+        return simulate_tagged([n.name for name in actions
+                                for n in group_chain(analysis, name)[0]])
     return simulate
 
 
 def _tagged_simulator(gm: fx.GraphModule, num_fwd_outputs: int, codegen: Codegen
                       ) -> Callable[[Sequence[str]], int]:
-    """Names of nodes to tag ``MUST_RECOMPUTE`` (a fraction plan's chains) -> the simulated
-    peak of the step they compile to, as :func:`_simulator`'s."""
+    """Names of nodes to tag ``MUST_RECOMPUTE`` (a fraction plan's chains) -> the peak of
+    the step they compile to: a copy of ``gm`` with them tagged, partitioned as the
+    compiler will and simulated (:func:`~fxopt.analysis.memory.
+    estimate_partitioned_memory`, what explain shows)."""
     def simulate(tagged: Sequence[str]) -> int:
         return estimate_partitioned_memory(gm, num_fwd_outputs, codegen=codegen,
                                            recompute=tagged).peak_bytes
