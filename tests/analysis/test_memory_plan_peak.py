@@ -89,16 +89,22 @@ def test_a_byte_budget_under_inductor_is_met_when_its_plan_says_it_fits(fraction
     that (without it, GPT-2 at 0.8 of its keep-all peak measured above the budget its plan
     said it fitted: benchmarks/results/inductor_budgets_cpu.md)."""
     budget = int(fraction * inductor_keep_all_peak("gpt2"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unreachable budget warns; the plan says so
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         measured, record = compiled_step("gpt2", {"codegen": "inductor",
                                                   "memory_budget": budget})
     (swap_recompute,) = record.pass_records("swap_recompute")
     assert swap_recompute.fired
     predicted = record.memory["fxopt"].peak_bytes
     assert predicted == pytest.approx(measured, rel=0.10)
-    assert measured <= budget or not swap_recompute.stats["feasible"]
-    assert swap_recompute.stats["feasible"] or fraction < 0.9  # 0.9 fits: not vacuous
+    # a plan that says it fits is measured within the budget; one that does not says so to
+    # the user (0.8 of the keep-all peak is below what the margin lets the plan reach)
+    cannot_fit = [w for w in caught if "cannot fit" in str(w.message)]
+    assert swap_recompute.stats["feasible"] == (fraction == 0.9)
+    if swap_recompute.stats["feasible"]:
+        assert measured <= budget and not cannot_fit
+    else:
+        assert cannot_fit
 
 
 def test_inductor_buffers_fuses_pointwise_chains_and_reuses_dying_inputs():
