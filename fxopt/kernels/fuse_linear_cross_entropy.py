@@ -11,21 +11,19 @@ Cross-Entropy; Liger-Kernel's fused linear cross-entropy chunks over tokens):
   log-sum-exp, its target logit and (label smoothing) its sum of logits; then the loss.
   It keeps the per-token log-sum-exp (``tokens`` fp32) and its inputs.
 - **backward** (``fxopt::linear_cross_entropy_backward``): per block, the logits again,
-  ``dz = softmax - (1 - eps) onehot - eps / V`` in fp32, then ``dW[v0:v1] = dz.T @ (s h)``
-  (complete in one matmul, written once in W's dtype), ``db[v0:v1] = dz.T @ s`` and
-  ``dh += dz @ W[v0:v1]`` (accumulated in fp32, times ``s`` at the end), where ``s`` is per
-  token the incoming gradient (over the token count for ``mean``; zero for
-  ``ignore_index`` tokens): the scale rides on the small operands, not a pass over a
-  block. The
-  gradient matmuls run in fp32 on operands rounded to the compute dtype, as autocast's
-  casts round them. A gradient whose input needs none is not computed.
+  ``dz = softmax - (1 - eps) onehot - eps / V`` in fp32, times each token's scale ``s``
+  (the incoming gradient, over the token count for ``mean``, zero for ``ignore_index``
+  tokens) and rounded to the compute dtype, as autocast's cast backward rounds eager's;
+  then ``dW[v0:v1] = dz.T @ h`` (complete in one matmul), ``db[v0:v1]`` its column sums
+  and ``dh += dz @ W[v0:v1]``, the matmuls on compute-dtype operands with fp32 results
+  (:func:`mm_fp32`: tensor cores on CUDA). A gradient whose input needs none is not
+  computed.
 
-Why recompute rather than compute the gradients in the forward and keep them (Liger's
-choice): the kept gradient of W is vocabulary x hidden in fp32, the size of the parameter's
-own gradient; where the tokens are few against the hidden size (a short sequence, a small
-batch) it is a large share of what the logits were (hidden / tokens of them), and autograd
-would count it as kept for backward. Recomputing costs one more (tokens x hidden x vocab)
-matmul and keeps only ``tokens`` floats beside the inputs the Linear kept anyway.
+This form runs four (tokens x hidden x vocabulary) matmuls where plain autograd runs three,
+and keeps only ``tokens`` floats beside the inputs the Linear kept anyway. Its sibling
+:mod:`fxopt.kernels.fuse_linear_cross_entropy_with_grads` computes the gradients in the
+forward (three matmuls) and keeps them instead: W's gradient, hidden / tokens of the
+logits' bytes. The pass picks between them (its module doc).
 
 **Block size** (:func:`block_columns`): one block's fp32 logits at most 1/64 of the whole
 (the op's temporaries are a block or two: its fp32 logits, overwritten with their
@@ -37,9 +35,8 @@ bound. The pass uses the default.
 On CUDA, the per-block reductions and pointwise math run in Triton
 (:mod:`fxopt.kernels.fuse_linear_cross_entropy_triton`); elsewhere their torch references below.
 Loss and gradients equal ``F.cross_entropy(F.linear(h, W, b), labels, ...)``'s to fp32
-rounding (the sums run in another order); under autocast eager rounds the logits'
-gradient to the compute dtype before its matmuls and this op does not, so the gradients
-differ from eager's by the compute dtype's rounding.
+rounding (the sums run in another order); under autocast, to the compute dtype's rounding (the
+logits' gradient is rounded as eager rounds it, but not from the same fp32 values).
 """
 
 from __future__ import annotations
@@ -49,9 +46,10 @@ import torch.nn.functional as F
 
 from fxopt.kernels import triton_runs_on
 
-__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "block_columns",
-           "dlogits_block_reference", "linear_cross_entropy", "linear_cross_entropy_backward",
-           "lse_block_reference", "reference"]
+__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32_", "block_columns",
+           "check_arguments", "dlogits_block_reference", "gemm_operand", "linear_cross_entropy",
+           "linear_cross_entropy_backward", "lse_block_reference", "mm_fp32", "reference",
+           "token_scales", "triton_kernels", "uses_triton"]
 
 BLOCK_BYTES_CAP = 32 * 2**20
 BLOCK_FRACTION = 64
@@ -76,7 +74,8 @@ def block_columns(tokens: int, vocab: int, block_bytes: int = 0) -> int:
     return max(1, min(vocab, max(bound // row_bytes, MIN_BLOCK_COLUMNS)))
 
 
-def _uses_triton(t: torch.Tensor) -> bool:
+def uses_triton(t: torch.Tensor) -> bool:
+    """Whether the per-block math runs in Triton (:mod:`.fuse_linear_cross_entropy_triton`)."""
     return t.is_cuda and triton_runs_on(t.device)
 
 
@@ -132,7 +131,7 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     f32 = dict(device=h.device, dtype=torch.float32)
     m = torch.full((tokens,), float("-inf"), **f32)
     s, sum_z, target = (torch.zeros(tokens, **f32) for _ in range(3))
-    fold = _triton().lse_block if _uses_triton(h) else lse_block_reference
+    fold = triton_kernels().lse_block if uses_triton(h) else lse_block_reference
     h_cd = h.to(compute_dtype)
     step = block_columns(tokens, vocab, block_bytes)
     for v0 in range(0, vocab, step):
@@ -150,19 +149,52 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     return loss.to(out_dtype), lse
 
 
+def gemm_operand(dz: torch.Tensor, row_scale: torch.Tensor,
+                 compute_dtype: torch.dtype) -> torch.Tensor:
+    """The logits' gradient as the Linear's backward matmuls take it: ``dz``'s rows times
+    the tokens' scales, rounded to the compute dtype (as autocast's cast backward rounds
+    eager's). An fp32 ``dz`` is scaled in place."""
+    scale = row_scale.unsqueeze(1)
+    if compute_dtype == torch.float32:
+        return dz.mul_(scale)
+    return torch.mul(dz, scale, out=torch.empty(dz.shape, device=dz.device, dtype=compute_dtype))
+
+
+def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of compute-dtype operands, accumulated and returned in fp32. Half operands
+    run on CUDA as a tensor-core GEMM with an fp32 output (``out_dtype``, torch >= 2.8; an
+    fp32 GEMM there is many times slower); elsewhere as an fp32 GEMM of the upcast operands,
+    the same products (a half value is exact in fp32)."""
+    if a.dtype == torch.float32:
+        return a @ b
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+def add_mm_fp32_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``out += a @ b`` into the fp32 ``out`` (:func:`mm_fp32`'s precision)."""
+    return out.addmm_(a, b) if a.dtype == torch.float32 else out.add_(mm_fp32(a, b))
+
+
+def token_scales(labels: torch.Tensor, ignore_index: int, reduction: str,
+                 grad: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """Per token, d loss / d (its cross-entropy): ``grad`` (over the counted tokens for
+    ``mean``), zero for ``ignore_index`` tokens."""
+    valid = labels != ignore_index
+    scale = torch.as_tensor(grad, dtype=torch.float32, device=labels.device).reshape(())
+    if reduction == "mean":
+        scale = scale / valid.sum()
+    return torch.where(valid, scale, 0.0)
+
+
 def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing, reduction,
               compute_dtype, block_bytes, wants):
     tokens, vocab = h.shape[0], weight.shape[0]
     want_h, want_w, want_b = wants
-    scale = grad.float().reshape(())
-    if reduction == "mean":
-        scale = scale / (labels != ignore_index).sum()
-    # d loss / d logits = scale_i x (softmax - onehot - ...): scale_i (zero for ignored
-    # tokens) goes into h's rows for dW, into db's sum, and onto dh's rows at the end
-    row_scale = torch.where(labels != ignore_index, scale, 0.0)
-    gradient = _triton().dlogits_block if _uses_triton(h) else dlogits_block_reference
+    row_scale = token_scales(labels, ignore_index, reduction, grad.float())
+    gradient = triton_kernels().dlogits_block if uses_triton(h) else dlogits_block_reference
     h_cd = h.to(compute_dtype)
-    h_scaled = h_cd.float() * row_scale.unsqueeze(1) if want_w else None
     dh = torch.zeros(tokens, h.shape[1], device=h.device, dtype=torch.float32) if want_h \
         else None
     dw = torch.empty_like(weight) if want_w else None
@@ -175,20 +207,21 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
                                                             dtype=torch.float32)
         gradient(z, dz, labels, v0, lse, label_smoothing, vocab)
         del z
+        dz = gemm_operand(dz, row_scale, compute_dtype)
         if want_w:
-            torch.mm(dz.t(), h_scaled, out=dw[v0:v1]) if dw.dtype == torch.float32 else \
-                dw[v0:v1].copy_(dz.t() @ h_scaled)
+            dw[v0:v1] = mm_fp32(dz.t(), h_cd)
         if want_b:
-            db[v0:v1] = (dz.t() @ row_scale).to(bias.dtype)
+            db[v0:v1] = dz.float().sum(0)
         if want_h:
-            dh.addmm_(dz, weight[v0:v1].to(compute_dtype).float())
+            add_mm_fp32_(dh, dz, weight[v0:v1].to(compute_dtype))
         del dz
     if want_h:
-        dh = (dh * row_scale.unsqueeze(1)).to(h.dtype)
+        dh = dh.to(h.dtype)
     return [g for g in (dh, dw, db) if g is not None]
 
 
-def _triton():
+def triton_kernels():
+    """The Triton kernels' module, imported only where they run."""
     from fxopt.kernels import fuse_linear_cross_entropy_triton
 
     return fuse_linear_cross_entropy_triton
@@ -196,7 +229,8 @@ def _triton():
 
 # ---------------------------------------------------------------- the ops
 
-def _check(h, weight, labels, reduction):
+def check_arguments(h, weight, labels, reduction):
+    """Raise a ValueError naming what is wrong with the ops' arguments."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"fxopt::linear_cross_entropy: reduction {reduction!r} is not one of "
                          f"{REDUCTIONS}")
@@ -214,7 +248,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                          block_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, per-token log-sum-exp) of ``cross_entropy(linear(h, weight, bias), labels)``,
     the Linear in ``compute_dtype``, the loss in fp32 then ``out_dtype``."""
-    _check(h, weight, labels, reduction)
+    check_arguments(h, weight, labels, reduction)
     with torch.autocast(h.device.type, enabled=False):  # the op chooses its own dtypes
         return _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
                         compute_dtype, out_dtype, block_bytes)
@@ -223,7 +257,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 @linear_cross_entropy.register_fake
 def _(h, weight, bias, labels, ignore_index, label_smoothing, reduction, compute_dtype,
       out_dtype, block_bytes):
-    _check(h, weight, labels, reduction)
+    check_arguments(h, weight, labels, reduction)
     return h.new_empty((), dtype=out_dtype), h.new_empty((h.shape[0],), dtype=torch.float32)
 
 
