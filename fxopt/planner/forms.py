@@ -5,7 +5,8 @@ A form's :class:`Work` counts what one step does: GEMM FLOPs per precision, byte
 device memory outside GEMMs, the kernels of a dependent chain (a recurrence: each waits for
 the previous one), and the host's launches by kind. :func:`predict` prices it with a
 :class:`~fxopt.planner.HardwareProfile`: the device time is the GEMMs at the profile's rate
-(or their weight bytes, when a skinny per-step GEMM is memory-bound), the other bytes at
+(those counted by shape over their tiles' quantized waves; a skinny per-step GEMM at its
+weight bytes where that is slower), the other bytes at
 the memory bandwidth, and every chained kernel at least ``kernel_latency_seconds``; the
 host time is the launches at ``kernel_launch_seconds`` (compiled code: Inductor's wrapper,
 cuDNN's own loop), ``eager_op_seconds`` (an eager op: dispatch and autograd's recording,
@@ -23,8 +24,9 @@ Forms counted here, each with its count written next to it:
   accumulation of the shared weights' gradient);
 - :func:`lstm_lm_work` and :func:`cell_loop_work`: the GPU table's nn.LSTM LM and LSTMCell
   loop (the RNN part, an embedding, a head GEMM in fp32 and the cross-entropy's passes);
-- :func:`gpt2_work`: transformers' GPT-2 under bf16 autocast, eager or Inductor, from
-  the block's ops listed with their bytes;
+- :func:`gpt2_work` (:func:`gpt2_parts` by part): transformers' GPT-2 under bf16
+  autocast, eager or Inductor, from its GEMMs by shape, flash attention at its documented
+  rate, the block's and the loss's ops listed with their bytes, and the parameters' casts;
 - :func:`offload_step_seconds`: a step with the optimizer offloaded, from the plain step
   and :func:`fxopt.optim.model.simulate`.
 
@@ -38,23 +40,26 @@ from dataclasses import dataclass, field
 
 from fxopt.planner.hardware import HardwareProfile
 
-__all__ = ["Prediction", "Work", "cell_loop_work", "gpt2_work", "lstm_lm_work",
-           "offload_step_seconds", "predict", "rnn_call_work"]
+__all__ = ["Prediction", "Work", "cell_loop_work", "gpt2_parts", "gpt2_work", "lstm_lm_work",
+           "offload_step_seconds", "predict", "quantization", "rate", "rnn_call_work"]
 
 GATES = {"lstm": 4, "gru": 3}
 
 
 @dataclass
 class Work:
-    """One training step's counted work. ``gemm_flops`` maps a precision ("float32",
-    "tf32", "bfloat16") to FLOPs; ``chain`` lists the dependent kernels of a recurrence as
-    (count, seconds of one at its roofline); ``launches`` maps a host cost kind
-    ("compiled", "eager", "python") to launches."""
+    """One training step's counted work. ``gemm_flops`` maps a rate kind (a precision:
+    "float32", "tf32", "bfloat16"; or a kernel family a profile may rate, see
+    :class:`~fxopt.planner.HardwareProfile`) to FLOPs; ``gemms`` lists GEMMs by shape,
+    (rate kind, M, N, K, count), priced with their tiles' wave quantization; ``chain``
+    lists the dependent kernels of a recurrence as (count, seconds of one at its roofline);
+    ``launches`` maps a host cost kind ("compiled", "eager", "python") to launches."""
 
     gemm_flops: dict[str, float] = field(default_factory=dict)
     bytes: float = 0.0
     chain: list[tuple[int, float]] = field(default_factory=list)
     launches: dict[str, float] = field(default_factory=dict)
+    gemms: list[tuple[str, int, int, int, int]] = field(default_factory=list)
 
     def __iadd__(self, other: Work) -> Work:
         for key, value in other.gemm_flops.items():
@@ -63,6 +68,7 @@ class Work:
             self.launches[key] = self.launches.get(key, 0.0) + value
         self.bytes += other.bytes
         self.chain += other.chain
+        self.gemms += other.gemms
         return self
 
 
@@ -80,9 +86,38 @@ class Prediction:
         return 1e3 * self.seconds
 
 
+# NVIDIA, "Matrix Multiplication Background User's Guide" (docs.nvidia.com/deeplearning/
+# performance/dl-performance-matrix-multiplication), "Typical Tile Dimensions In cuBLAS"
+# lists 128x128 among cuBLAS's tiles (the one counted here); "Dimension Quantization
+# Effects": a GEMM runs in waves of one tile per SM, so the last wave's idle SMs and the
+# tiles' overhang past M and N cost time. Counted without split-K (which cuBLAS may use
+# for small outputs with a long K, the weight gradients): an upper bound there.
+GEMM_TILE = 128
+
+
+def rate(hw: HardwareProfile, kind: str) -> float:
+    """FLOP/s of ``kind`` on ``hw``: its own rate where the profile has one, else a kernel
+    family's (unaligned bf16 GEMMs, flash attention) is priced at the bfloat16 rate."""
+    if kind in hw.flops:
+        return hw.flops[kind]
+    return hw.flop_rate("bfloat16" if kind.startswith(("bfloat16", "flash")) else kind)
+
+
+def quantization(m: int, n: int, hw: HardwareProfile) -> float:
+    """The fraction of an (m x n)-output GEMM's tile waves that does useful work (1.0 where
+    the profile has no SM count)."""
+    if not hw.multiprocessors:
+        return 1.0
+    tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+    waves = -(-tiles // hw.multiprocessors)
+    return m * n / (waves * hw.multiprocessors * GEMM_TILE * GEMM_TILE)
+
+
 def predict(work: Work, hw: HardwareProfile) -> Prediction:
     """The step time of ``work`` on ``hw``: the longer of the device's and the host's."""
-    device = sum(flops / hw.flop_rate(kind) for kind, flops in work.gemm_flops.items())
+    device = sum(flops / rate(hw, kind) for kind, flops in work.gemm_flops.items())
+    device += sum(count * 2.0 * m * n * k / rate(hw, kind) / quantization(m, n, hw)
+                  for kind, m, n, k, count in work.gemms)
     device += work.bytes / hw.memory_bandwidth
     device += sum(count * max(seconds, hw.kernel_latency_seconds)
                   for count, seconds in work.chain)
@@ -207,34 +242,85 @@ GPT2_INDUCTOR_BLOCK = dict(ln_1=6, c_attn=8, sdpa=8, merge_heads=4, attn_proj=4,
 BACKWARD_BYTES = 2      # a backward reads saved inputs and the output gradient, writes one
 EAGER_OPS_PER_BLOCK = 100   # forward ops and backward autograd nodes
 INDUCTOR_KERNELS_PER_BLOCK = 30
+# The loss's bytes per logit (transformers' ForCausalLMLoss: logits.float(), cross-entropy).
+# Eager, each kernel's passes over a row: the head GEMM writes bf16 (2); the upcast reads 2,
+# writes 4; log_softmax in fp32: a row of an odd vocabulary is neither 16-byte aligned nor
+# divisible by the kernel's vector width, so PyTorch takes cunn_SoftMaxForward, not the
+# shared-memory kernel, and reads the row 3 times (max, sum of exponentials, output) and
+# writes it (aten/src/ATen/native/cuda/SoftMax.cu: cunn_SoftMaxForwardSmem needs both);
+# nll_loss's backward zero-fills the fp32 gradient (4) before its scatter; log_softmax's
+# backward reads the gradient for its sum, then it and the output, and writes (16); the
+# upcast's backward reads 4, writes 2.
+GPT2_EAGER_LOSS = dict(head=2, upcast=6, log_softmax=16, nll_backward=4,
+                       log_softmax_backward=16, upcast_backward=6)
+# Inductor (the loss is its own graph, after transformers' logging graph break, with the
+# bf16 logits as its input): the head writes bf16 (2); the loss graph's forward reads them
+# once for the row's max and sum (Inductor's online_softmax) and saves only the bf16
+# logits and two fp32 numbers per row; its backward recomputes the softmax from the
+# logits (read 2; the NLL's one-hot gradient is a pointwise where(), its row sum costs no
+# reads) and writes the bf16 gradient of the logits (2). What the partitioner saves was
+# checked on the CPU (torch 2.13, the same ForCausalLMLoss under torch.compile: saved
+# tensors bf16 logits, labels and two (tokens, 1) fp32 rows; eager saves the fp32
+# log-softmax).
+GPT2_INDUCTOR_LOSS = dict(head=2, max_and_sum=2, backward=2 + 2)
+# Per fp32 parameter under autocast: its bf16 copy each forward (read 4, write 2) and its
+# bf16 gradient made fp32 for .grad (read 2, write 4).
+PARAM_BYTES = 6 + 6
+
+
+def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
+               form: str) -> dict[str, Work]:
+    """One training step of transformers' GPT-2 (dropout on, bf16 autocast, the model's own
+    loss, no optimizer, ``seq`` positions), ``form`` "eager" or "inductor", by part:
+
+    - "block_gemms": per layer the 4 linear layers' forward, input-gradient and
+      weight-gradient GEMMs, by shape (:data:`GEMM_TILE`);
+    - "head_gemms": the tied LM head's 3 GEMMs; every one has the vocabulary as a row
+      stride (the logits, their gradient), so an odd vocabulary prices them at the
+      "bfloat16_unaligned" rate;
+    - "attention": causal flash attention, 2 x batch x seq^2 x hidden forward per layer
+      (FlashAttention's count: causal work halved), 2.5x that backward, at the flash rates;
+    - "block_bytes": the block's bytes listed above, 1 + ``BACKWARD_BYTES`` times;
+    - "loss_bytes": ``GPT2_EAGER_LOSS`` or ``GPT2_INDUCTOR_LOSS`` per logit;
+    - "param_bytes": ``PARAM_BYTES`` per parameter;
+    - "launches": the host's, per block.
+    """
+    tokens = batch * seq
+    aligned = vocab * 2 % 16 == 0
+    gemms = []
+    for width_in, width_out in ((hidden, 3 * hidden), (hidden, hidden),
+                                (hidden, 4 * hidden), (4 * hidden, hidden)):
+        gemms += [("bfloat16", tokens, width_out, width_in, layers),
+                  ("bfloat16", tokens, width_in, width_out, layers),
+                  ("bfloat16", width_in, width_out, tokens, layers)]
+    head = "bfloat16" if aligned else "bfloat16_unaligned"
+    attention = layers * 2.0 * batch * seq * seq * hidden
+    block = GPT2_EAGER_BLOCK if form == "eager" else GPT2_INDUCTOR_BLOCK
+    loss = GPT2_EAGER_LOSS if form == "eager" else GPT2_INDUCTOR_LOSS
+    params = layers * (12 * hidden * hidden + 13 * hidden) + (vocab + seq + 2) * hidden
+    launches = ({"eager": EAGER_OPS_PER_BLOCK * layers} if form == "eager" else
+                {"compiled": INDUCTOR_KERNELS_PER_BLOCK * layers})
+    return {
+        "block_gemms": Work(gemms=gemms),
+        "head_gemms": Work(gemms=[(head, tokens, vocab, hidden, 1),
+                                  (head, tokens, hidden, vocab, 1),
+                                  (head, vocab, hidden, tokens, 1)]),
+        "attention": Work(gemm_flops={"flash_attention_forward": attention,
+                                      "flash_attention_backward": 2.5 * attention}),
+        "block_bytes": Work(bytes=float(sum(block.values()) * (1 + BACKWARD_BYTES)
+                                        * tokens * hidden * layers)),
+        "loss_bytes": Work(bytes=float(sum(loss.values()) * tokens * vocab)),
+        "param_bytes": Work(bytes=float(PARAM_BYTES * params)),
+        "launches": Work(launches=launches),
+    }
 
 
 def gpt2_work(layers: int, hidden: int, vocab: int, seq: int, batch: int, form: str) -> Work:
-    """One training step of transformers' GPT-2 (dropout on, bf16 autocast, the model's own
-    loss, no optimizer), ``form`` "eager" or "inductor".
-
-    GEMMs: 3 x (2 x tokens x 12 hidden^2 per block + the head's 2 x tokens x hidden x
-    vocab); causal flash attention, 2 x 2 x batch x seq^2 x hidden / 2 forward per block,
-    3.5x that with its backward. Bytes: the block's listed above, 1 + ``BACKWARD_BYTES``
-    times; the loss: eager writes bf16 logits, casts them to fp32, log-softmaxes, and the
-    backward writes the NLL gradient, the log-softmax's (reading two) and the cast's;
-    Inductor writes the bf16 logits and reads them twice each way.
-    """
-    tokens = batch * seq
-    activation = tokens * hidden
-    gemm = 3 * (2.0 * tokens * 12 * hidden * hidden * layers + 2.0 * tokens * hidden * vocab)
-    attention = 3.5 * layers * 2 * batch * seq * seq * hidden
-    logits = tokens * vocab
-    block = GPT2_EAGER_BLOCK if form == "eager" else GPT2_INDUCTOR_BLOCK
-    per_layer = sum(block.values()) * (1 + BACKWARD_BYTES) * activation
-    if form == "eager":
-        loss = logits * (2 + 6 + 8 + 4 + 12 + 6)
-        launches = {"eager": EAGER_OPS_PER_BLOCK * layers}
-    else:
-        loss = logits * (2 + 4 + 4 + 2)
-        launches = {"compiled": INDUCTOR_KERNELS_PER_BLOCK * layers}
-    return Work(gemm_flops={"bfloat16": gemm + attention},
-                bytes=float(per_layer * layers + loss), launches=launches)
+    """:func:`gpt2_parts` summed: the step's whole work."""
+    work = Work()
+    for part in gpt2_parts(layers, hidden, vocab, seq, batch, form).values():
+        work += part
+    return work
 
 
 def offload_step_seconds(plain_step_s: float, plain_optimizer_s: float,

@@ -46,8 +46,15 @@ class HardwareProfile:
     """Rates of one device (all per second) and its memory capacity (bytes, None: unknown).
 
     ``flops`` maps a dtype name ("float32", "bfloat16", "float16") to FLOP/s of matmul-class
-    work; other dtypes use the float32 rate. ``cpu_update_params_per_second`` is the host's
-    fused Adam throughput (parameters updated per second with all threads), which the
+    work; other dtypes use the float32 rate. Where a kernel family's rate is documented for
+    the device it has its own key, which :mod:`fxopt.planner.forms` prices with (falling
+    back to the bfloat16 rate where a profile, a calibrated one say, lacks it):
+    "bfloat16_unaligned" (a bf16 GEMM with an operand's row stride not a multiple of 16
+    bytes), "flash_attention_forward" and "flash_attention_backward" (FLOPs counted as
+    FlashAttention's benchmarks count them: causal work halved, the backward 2.5x the
+    forward). ``multiprocessors``: the SM count, for the wave quantization of GEMM tiles
+    (None: not priced). ``cpu_update_params_per_second`` is the host's fused Adam
+    throughput (parameters updated per second with all threads), which the
     optimizer-offload model needs whatever the device is.
     """
 
@@ -75,6 +82,7 @@ class HardwareProfile:
     python_op_seconds: float = 0.0
     # the device's least time for a kernel that waits on the previous one (a recurrence)
     kernel_latency_seconds: float = 0.0
+    multiprocessors: int | None = None
 
     def flop_rate(self, dtype: torch.dtype | str) -> float:
         key = str(dtype).removeprefix("torch.")
@@ -139,12 +147,29 @@ CPU_DEFAULT = HardwareProfile(
 # the step times these predict against that table.
 _GPU_HOST_COSTS = dict(kernel_launch_seconds=6e-6, eager_op_seconds=20e-6,
                        python_op_seconds=170e-6, kernel_latency_seconds=7e-6)
+# Kernel families with documented H100 SXM5 rates (fxopt.planner.forms prices with them):
+# - a bf16 GEMM whose operand has a row stride that is not a multiple of 16 bytes (GPT-2's
+#   vocabulary, 50257) cannot be described by a TMA descriptor (CUDA Driver API,
+#   cuTensorMapEncodeTiled: "globalStrides" must be multiples of 16 bytes), so cuBLAS cannot
+#   run its TMA/wgmma Hopper kernels on it and takes a pre-Hopper mma.sync kernel (seen on
+#   H100 in github.com/m87-labs/kestrel/pull/143; the align1 CUTLASS kernels of
+#   github.com/pytorch/pytorch/issues/181718); without wgmma an H100 "tops out around 63%
+#   of its peak" (Hazy Research, "GPUs Go Brrr", 2024-05-12,
+#   hazyresearch.stanford.edu/blog/2024-05-12-tk): 0.63 x the datasheet's 989;
+# - FlashAttention-2 (PyTorch's SDPA flash kernels, torch >= 2.2) at head dim 64 and
+#   sequence 1k on an H100 SXM5: forward with a causal mask 229 TFLOP/s, backward 238
+#   (FlashAttention-3 paper, Shah et al. 2024, arXiv:2407.08608, figures "Attention
+#   forward speed, head dim 64" (causal) and "Attention backward speed, head dim 64").
+# 132 SMs: the H100 SXM5 (NVIDIA H100 Tensor Core GPU datasheet / Hopper whitepaper).
 _H100 = HardwareProfile(
     name="H100", device_type="cuda",
     flops={"float32": 0.7 * 67 * _TERA, "tf32": 0.7 * 495 * _TERA,
-           "bfloat16": 0.7 * 989 * _TERA, "float16": 0.7 * 989 * _TERA},
+           "bfloat16": 0.7 * 989 * _TERA, "float16": 0.7 * 989 * _TERA,
+           "bfloat16_unaligned": 0.63 * 989 * _TERA,
+           "flash_attention_forward": 229 * _TERA, "flash_attention_backward": 238 * _TERA},
     memory_bandwidth=0.8 * 3.35 * _TERA, host_device_bandwidth=50 * _GIGA,
-    cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9, **_GPU_HOST_COSTS)
+    cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9, multiprocessors=132,
+    **_GPU_HOST_COSTS)
 KNOWN_GPUS: dict[str, HardwareProfile] = {
     # H100's compute with more and faster HBM (HBM3e, 4.8 TB/s, 141 GB)
     "H200": dataclasses.replace(_H100, name="H200", memory_bandwidth=0.8 * 4.8 * _TERA,
@@ -156,7 +181,7 @@ KNOWN_GPUS: dict[str, HardwareProfile] = {
                "bfloat16": 0.7 * 312 * _TERA, "float16": 0.7 * 312 * _TERA},
         memory_bandwidth=0.8 * 2.0 * _TERA, host_device_bandwidth=24 * _GIGA,
         cpu_update_params_per_second=1.0e9, memory_capacity=80 * 10**9,
-        **_GPU_HOST_COSTS),
+        multiprocessors=108, **_GPU_HOST_COSTS),
 }
 
 # Any other CUDA GPU: a mid-range figure, capacity read from the device.
