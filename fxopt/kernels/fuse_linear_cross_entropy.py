@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from fxopt.kernels import triton_runs_on
 
 __all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32_", "block_columns",
-           "check_arguments", "dlogits_block_reference", "gemm_operand", "linear_cross_entropy",
+           "check_arguments", "dlogits_block_reference", "linear_cross_entropy",
            "linear_cross_entropy_backward", "lse_block_reference", "mm_fp32", "reference",
            "token_scales", "triton_kernels", "uses_triton"]
 
@@ -102,11 +102,12 @@ def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch
 
 
 def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: int,
-                            lse: torch.Tensor, label_smoothing: float, vocab: int) -> None:
-    """``out = softmax - (1 - eps) onehot - eps / V`` for block ``z`` (``out`` fp32, may be
-    ``z``). Unscaled: the caller folds the per-token scale (zero for ignored tokens) into
-    the matmuls' small operands instead of a pass over the block."""
-    p = torch.sub(z, lse.unsqueeze(1), out=out).clamp_(min=EXP_FLOOR).exp_()
+                            lse: torch.Tensor, label_smoothing: float, vocab: int,
+                            row_scale: torch.Tensor) -> None:
+    """``out = (softmax - (1 - eps) onehot - eps / V) x row_scale`` for block ``z``, in
+    ``out``'s dtype (``out`` may be ``z``; computed in fp32)."""
+    buffer = out if out.dtype == torch.float32 else None
+    p = torch.sub(z, lse.unsqueeze(1), out=buffer).float().clamp_(min=EXP_FLOOR).exp_()
     if label_smoothing:
         p.sub_(label_smoothing / vocab)
     cols = z.shape[1]
@@ -114,6 +115,9 @@ def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Te
     inside = ((local >= 0) & (local < cols)).to(p.dtype)
     p.scatter_add_(1, local.clamp(0, cols - 1).unsqueeze(1),
                    (inside * -(1.0 - label_smoothing)).unsqueeze(1))
+    p.mul_(row_scale.unsqueeze(1))
+    if p is not out:
+        out.copy_(p)
 
 
 # ---------------------------------------------------------------- the chunked computation
@@ -147,17 +151,6 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     if reduction == "mean":
         loss = loss / valid.sum()
     return loss.to(out_dtype), lse
-
-
-def gemm_operand(dz: torch.Tensor, row_scale: torch.Tensor,
-                 compute_dtype: torch.dtype) -> torch.Tensor:
-    """The logits' gradient as the Linear's backward matmuls take it: ``dz``'s rows times
-    the tokens' scales, rounded to the compute dtype (as autocast's cast backward rounds
-    eager's). An fp32 ``dz`` is scaled in place."""
-    scale = row_scale.unsqueeze(1)
-    if compute_dtype == torch.float32:
-        return dz.mul_(scale)
-    return torch.mul(dz, scale, out=torch.empty(dz.shape, device=dz.device, dtype=compute_dtype))
 
 
 def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -203,11 +196,9 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
     for v0 in range(0, vocab, step):
         v1 = min(v0 + step, vocab)
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)
-        dz = z if z.dtype == torch.float32 else torch.empty(z.shape, device=z.device,
-                                                            dtype=torch.float32)
-        gradient(z, dz, labels, v0, lse, label_smoothing, vocab)
+        dz = z  # overwritten with its gradient, in the compute dtype the matmuls take
+        gradient(z, dz, labels, v0, lse, label_smoothing, vocab, row_scale)
         del z
-        dz = gemm_operand(dz, row_scale, compute_dtype)
         if want_w:
             dw[v0:v1] = mm_fp32(dz.t(), h_cd)
         if want_b:

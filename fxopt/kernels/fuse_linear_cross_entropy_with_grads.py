@@ -44,7 +44,7 @@ __all__ = ["CHUNK_FRACTION", "MIN_CHUNK_ROWS", "chunk_rows", "kept_bytes",
            "linear_cross_entropy_with_grads", "softmax_rows_reference"]
 
 CHUNK_FRACTION = 16
-MIN_CHUNK_ROWS = 256
+MIN_CHUNK_ROWS = 128
 
 
 def chunk_rows(tokens: int, vocab: int, block_bytes: int = 0) -> int:
@@ -86,9 +86,8 @@ def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype):
         scratch = torch.zeros(rows, **f32), torch.zeros(rows, **f32)
         kernels.lse_block(z, labels, 0, m, s, *scratch, False)
         lse = m + torch.log(s)
-        dz = torch.empty(z.shape, **f32)
-        kernels.dlogits_block(z, dz, labels, 0, lse, smoothing, vocab)
-        dz = single.gemm_operand(dz, row_scale, compute_dtype)
+        kernels.dlogits_block(z, z, labels, 0, lse, smoothing, vocab, row_scale)
+        dz = z  # overwritten with its scaled gradient, in the compute dtype
     else:
         dz, lse = softmax_rows_reference(z, row_scale)
         if smoothing:

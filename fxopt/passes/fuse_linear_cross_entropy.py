@@ -16,11 +16,14 @@ the Linear's dtype and the loss in fp32, as eager does).
 
 Two forms of the op (``fxopt.kernels``): where the loss needs gradients and the ones it
 needs (of h, W, b, from the example values' ``requires_grad``) are at most
-:data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes, ``linear_cross_entropy_with_grads``
-computes them in the forward and keeps them: three vocabulary-wide matmuls, as plain
-autograd runs (so many tokens against the hidden size: a real batch). Elsewhere (few tokens,
-or no gradient wanted) ``linear_cross_entropy`` keeps one float per token and recomputes
-the logits in the backward: four matmuls, or one without a backward.
+:data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes,
+``linear_cross_entropy_with_grads`` computes them in the forward and keeps them: three
+vocabulary-wide matmuls, as plain autograd runs (so many tokens against the hidden size: a
+real batch), where the cost model (:func:`fxopt.planner.forms.linear_cross_entropy_work`, on
+the device's hardware profile) predicts it faster: its chunks each add to W's fp32 gradient,
+traffic that on a GPU can outweigh the matmul it saves. Elsewhere (few tokens, no gradient
+wanted, or slower) ``linear_cross_entropy`` keeps one float per token and recomputes the
+logits in the backward: four matmuls, or one without a backward.
 
 Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
 the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
@@ -49,8 +52,10 @@ from fxopt.kernels import fuse_linear_cross_entropy as _ops  # registers the ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
 from fxopt.passes.torch_calls import arg, example_tensor, is_call
+from fxopt.planner import forms
+from fxopt.planner.hardware import CPU_DEFAULT, HardwareProfile, profile_for
 
-__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies"]
+__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies", "grads_in_forward"]
 
 PASS = "fuse_linear_cross_entropy"
 # The with-grads form is taken where the gradients it keeps are at most this share of the
@@ -145,7 +150,7 @@ def _flat(items: Any) -> list[Any]:
     return out
 
 
-def _match(ce: fx.Node) -> _Site:
+def _match(ce: fx.Node, hardware: HardwareProfile) -> _Site:
     labels, ignore_index, smoothing, reduction = _constant_arguments(ce)
     logits, out = ce.args[0], example_tensor(ce)
     value = example_tensor(logits)
@@ -206,8 +211,7 @@ def _match(ce: fx.Node) -> _Site:
     wanted = (out.requires_grad and h_value.requires_grad, out.requires_grad and
               w_value.requires_grad, out.requires_grad and b_value is not None and
               b_value.requires_grad)
-    in_forward = any(wanted) and _with_grads.kept_bytes(tokens, hidden, vocab, *wanted) <= \
-        4 * tokens * vocab * GRADS_IN_FORWARD_SHARE
+    in_forward = grads_in_forward(tokens, hidden, vocab, product.dtype, wanted, hardware)
     return _Site(ce, node, chain, h, weight, transpose, bias, indices,
                  (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
                  removed, wanted, in_forward)
@@ -255,7 +259,31 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
     return site.product.graph is graph and bool(site.product.users)
 
 
-def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True
+def grads_in_forward(tokens: int, hidden: int, vocab: int, dtype: torch.dtype,
+                     wanted: tuple[bool, bool, bool], hardware: HardwareProfile) -> bool:
+    """Whether the with-grads form is taken (module doc): some gradient is wanted, those
+    kept are at most :data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes, and the cost
+    model predicts it faster on ``hardware``."""
+    return any(wanted) and _with_grads.kept_bytes(tokens, hidden, vocab, *wanted) <= \
+        4 * tokens * vocab * GRADS_IN_FORWARD_SHARE and \
+        _predicted_ms("with_grads", tokens, hidden, vocab, dtype, wanted, hardware) < \
+        _predicted_ms("recompute", tokens, hidden, vocab, dtype, wanted, hardware)
+
+
+def _predicted_ms(form: str, tokens: int, hidden: int, vocab: int, dtype: torch.dtype,
+                  wanted: tuple[bool, bool, bool], hardware: HardwareProfile) -> float:
+    """The op's forward and backward in ``form`` on ``hardware`` (the cost model's count,
+    :func:`fxopt.planner.forms.linear_cross_entropy_work`, with the op's own piece sizes)."""
+    pieces = -(-vocab // _ops.block_columns(tokens, vocab)) if form == "recompute" else \
+        -(-tokens // _with_grads.chunk_rows(tokens, vocab))
+    work = forms.linear_cross_entropy_work(form, tokens, hidden, vocab, pieces,
+                                           torch.empty((), dtype=dtype).element_size(),
+                                           grad_h=wanted[0], grad_weight=wanted[1])
+    return forms.predict(work, hardware).ms
+
+
+def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
+                                hardware: HardwareProfile = CPU_DEFAULT
                                 ) -> tuple[Verdicts, int]:
     """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place: the verdicts
     (per product kind the sites and the plain saved bytes removed; per loss left, the reason)
@@ -264,7 +292,7 @@ def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True
     verdicts, kept = Verdicts(), 0
     for ce in [n for n in gm.graph.nodes if is_call(n, "cross_entropy")]:
         try:
-            site = _match(ce)
+            site = _match(ce, hardware)
         except _Decline as why:
             verdicts.decline(ce.name, str(why))
             continue
@@ -280,6 +308,6 @@ def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True
 
 
 def fuse_linear_cross_entropy(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow)
+    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow, profile_for(ctx.device))
     removed = sum(m.bytes for m in verdicts.matched.values())
     return PassResult(gm, bool(verdicts.matched), verdicts, {REMOVED_SAVED_BYTES: removed})
