@@ -177,7 +177,7 @@ def main() -> None:
         f"torch {torch.__version__}, {args.threads} threads, fp32, batch {args.batch} x seq "
         f"{args.seq}, "
         "2 layers x hidden 128. Bytes exact; times on a shared, loaded machine "
-        "(eight engineers, 2 cores): medians with min-max spread, not a speed claim.",
+        "(2 cores, other jobs running): medians with min-max spread, not a speed claim.",
         "",
         "## The loss part alone (the head's Linear, upcast, view, cross_entropy)",
         "",
