@@ -41,20 +41,24 @@ logits' gradient is rounded as eager rounds it, but not from the same fp32 value
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from fxopt.kernels import triton_runs_on
 
-__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32_", "block_columns",
-           "check_arguments", "dlogits_block_reference", "linear_cross_entropy",
-           "linear_cross_entropy_backward", "lse_block_reference", "mm_fp32", "reference",
-           "token_scales", "triton_kernels", "uses_triton"]
+__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
+           "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
+           "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
+           "mm_fp32", "reference", "token_scales", "triton_kernels", "uses_triton"]
 
 BLOCK_BYTES_CAP = 32 * 2**20
 BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
 REDUCTIONS = ("mean", "sum")
+log = logging.getLogger(__name__)
 # The torch references clamp exponents here before ``exp_``: exp(-87) is fp32's smallest
 # normal number or above (FLT_MIN = exp(-87.34)), so no exponential is subnormal. On the
 # CPU ATen's ``exp_`` of an input whose result is subnormal or underflows takes a slow path,
@@ -165,9 +169,33 @@ def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()
 
 
-def add_mm_fp32_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``out += a @ b`` into the fp32 ``out`` (:func:`mm_fp32`'s precision)."""
-    return out.addmm_(a, b) if a.dtype == torch.float32 else out.add_(mm_fp32(a, b))
+def add_mm_fp32(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``out + a @ b`` for the fp32 accumulator ``out`` (:func:`mm_fp32`'s precision): in
+    place where the GEMM can add to it (fp32 operands; half operands on CUDA where
+    :func:`fused_fp32_accumulate` holds, as a new tensor), else the product then an add (a
+    second pass over the accumulator). Callers keep the result."""
+    if a.dtype == torch.float32:
+        return out.addmm_(a, b)
+    if not a.is_cuda:
+        return out.addmm_(a.float(), b.float())
+    if fused_fp32_accumulate(a.device):
+        return torch.addmm(out, a, b, out_dtype=torch.float32)
+    return out.add_(mm_fp32(a, b))
+
+
+@functools.cache
+def fused_fp32_accumulate(device: torch.device) -> bool:
+    """Whether ``torch.addmm(fp32, half, half, out_dtype=torch.float32)`` runs here (torch's
+    CUDA GEMMs take an fp32 ``self`` with half operands from pytorch/pytorch#167931, late
+    2025): probed once per device on a small case and checked against the two-pass form."""
+    try:
+        a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+        acc = torch.full((16, 16), 0.5, device=device)
+        return bool((torch.addmm(acc, a, a, out_dtype=torch.float32) == 16.5).all())
+    except (RuntimeError, TypeError) as unsupported:
+        log.debug("fxopt: addmm with out_dtype and an fp32 accumulator unsupported on %s "
+                  "(%s): accumulating in two passes", device, unsupported)
+        return False
 
 
 def token_scales(labels: torch.Tensor, ignore_index: int, reduction: str,
@@ -204,7 +232,7 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
         if want_b:
             db[v0:v1] = dz.float().sum(0)
         if want_h:
-            add_mm_fp32_(dh, dz, weight[v0:v1].to(compute_dtype))
+            dh = add_mm_fp32(dh, dz, weight[v0:v1].to(compute_dtype))
         del dz
     if want_h:
         dh = dh.to(h.dtype)

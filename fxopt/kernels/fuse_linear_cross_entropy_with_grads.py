@@ -21,12 +21,15 @@ Per chunk of rows ``r0:r1``:
   count for ``mean``, zero for ``ignore_index``), rounded to the compute dtype as autocast
   rounds eager's;
 - ``dh[r0:r1] = dz @ W`` (complete), ``dW += dz.T @ h[r0:r1]`` and ``db += dz``'s column sums,
-  fp32 results of compute-dtype operands (``mm_fp32``).
+  fp32 results of compute-dtype operands (``mm_fp32``, ``add_mm_fp32``: the GEMM adds to
+  W's fp32 gradient where it can).
 
-**Chunk size** (:func:`chunk_rows`): one chunk's fp32 logits at most 1/16 of the whole, but at
-least :data:`MIN_CHUNK_ROWS` rows: each chunk reads and writes all of W's fp32 gradient, so
-narrower chunks make that traffic, not the matmuls, the cost. ``block_bytes`` > 0 bounds a
-chunk's fp32 logits instead. On CUDA the softmax and gradient math runs in the sibling's
+**Chunk size** (:func:`chunk_rows`): one chunk's temporaries at most 1/16 of the logits' fp32
+bytes (on CUDA a chunk's logits in the compute dtype, overwritten in place with their
+gradient: an eighth of the tokens under bf16; the torch path also makes an fp32 softmax),
+but at least :data:`MIN_CHUNK_ROWS` rows: each chunk reads and writes all of W's fp32
+gradient, so narrow chunks make that traffic, not the matmuls, the cost. ``block_bytes`` > 0
+bounds a chunk's temporaries instead. On CUDA the softmax and gradient math runs in the sibling's
 Triton kernels (a chunk is one block of all the columns).
 
 The gradients of inputs that need none are not computed: the pass passes which are wanted
@@ -40,18 +43,27 @@ import torch.nn.functional as F
 
 from fxopt.kernels import fuse_linear_cross_entropy as single
 
-__all__ = ["CHUNK_FRACTION", "MIN_CHUNK_ROWS", "chunk_rows", "kept_bytes",
+__all__ = ["CHUNK_FRACTION", "MIN_CHUNK_ROWS", "chunk_rows", "kept_bytes", "temporary_bytes",
            "linear_cross_entropy_with_grads", "softmax_rows_reference"]
 
 CHUNK_FRACTION = 16
 MIN_CHUNK_ROWS = 128
 
 
-def chunk_rows(tokens: int, vocab: int, block_bytes: int = 0) -> int:
-    """Token rows per chunk (module doc)."""
-    if block_bytes:
-        return max(1, min(tokens, block_bytes // (4 * max(vocab, 1))))
-    return max(1, min(tokens, max(-(-tokens // CHUNK_FRACTION), MIN_CHUNK_ROWS)))
+def chunk_rows(tokens: int, vocab: int, block_bytes: int = 0, logit_bytes: int = 4) -> int:
+    """Token rows per chunk (module doc): the chunk's temporaries, ``logit_bytes`` a logit
+    (:func:`temporary_bytes`), at most 1/:data:`CHUNK_FRACTION` of the logits' fp32 bytes, but
+    at least :data:`MIN_CHUNK_ROWS` rows; ``block_bytes`` > 0 bounds them instead."""
+    bound = block_bytes or 4 * tokens * vocab // CHUNK_FRACTION
+    rows = bound // (logit_bytes * max(vocab, 1))
+    return max(1, min(tokens, rows if block_bytes else max(rows, MIN_CHUNK_ROWS)))
+
+
+def temporary_bytes(itemsize: int, triton: bool) -> int:
+    """A chunk's temporaries per logit: its logits in the compute dtype, overwritten in place
+    by the Triton kernels with their gradient; the torch path adds an fp32 softmax where the
+    compute dtype is narrower."""
+    return itemsize if triton or itemsize == 4 else itemsize + 4
 
 
 def kept_bytes(tokens: int, hidden: int, vocab: int, grad_h: bool, grad_weight: bool,
@@ -114,7 +126,8 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
     dh = torch.empty(tokens, hidden, **f32) if want_h else h.new_empty(0)
     dw = torch.zeros(vocab, hidden, **f32) if want_w else h.new_empty(0)
     db = torch.zeros(vocab, **f32) if want_b else h.new_empty(0)
-    step = chunk_rows(tokens, vocab, block_bytes)
+    step = chunk_rows(tokens, vocab, block_bytes, temporary_bytes(
+        torch.empty((), dtype=compute_dtype).element_size(), single.uses_triton(h)))
     for r0 in range(0, tokens, step):
         r1 = min(r0 + step, tokens)
         z = F.linear(h_cd[r0:r1], w_cd, b_cd)
@@ -122,7 +135,7 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
                                                vocab, compute_dtype)
         del z
         if want_w:
-            single.add_mm_fp32_(dw, dz.t(), h_cd[r0:r1])
+            dw = single.add_mm_fp32(dw, dz.t(), h_cd[r0:r1])
         if want_b:
             db.add_(dz.float().sum(0))
         if want_h:

@@ -16,14 +16,13 @@ the Linear's dtype and the loss in fp32, as eager does).
 
 Two forms of the op (``fxopt.kernels``): where the loss needs gradients and the ones it
 needs (of h, W, b, from the example values' ``requires_grad``) are at most
-:data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes,
-``linear_cross_entropy_with_grads`` computes them in the forward and keeps them: three
-vocabulary-wide matmuls, as plain autograd runs (so many tokens against the hidden size: a
-real batch), where the cost model (:func:`fxopt.planner.forms.linear_cross_entropy_work`, on
-the device's hardware profile) predicts it faster: its chunks each add to W's fp32 gradient,
-traffic that on a GPU can outweigh the matmul it saves. Elsewhere (few tokens, no gradient
-wanted, or slower) ``linear_cross_entropy`` keeps one float per token and recomputes the
-logits in the backward: four matmuls, or one without a backward.
+:data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes (many tokens against the hidden
+size: a real batch), and the cost model (:func:`predicted_ms`, on the device's hardware
+profile) predicts it faster, ``linear_cross_entropy_with_grads`` computes them in the
+forward and keeps them: three vocabulary-wide matmuls, as plain autograd runs. Elsewhere
+(few tokens, no gradient wanted, or slower: each of its chunks adds to W's fp32 gradient)
+``linear_cross_entropy`` keeps one float per token and recomputes the logits in the
+backward: four matmuls, or one without a backward.
 
 Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
 the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
@@ -55,7 +54,8 @@ from fxopt.passes.torch_calls import arg, example_tensor, is_call
 from fxopt.planner import forms
 from fxopt.planner.hardware import CPU_DEFAULT, HardwareProfile, profile_for
 
-__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies", "grads_in_forward"]
+__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies", "grads_in_forward",
+           "predicted_ms"]
 
 PASS = "fuse_linear_cross_entropy"
 # The with-grads form is taken where the gradients it keeps are at most this share of the
@@ -150,7 +150,7 @@ def _flat(items: Any) -> list[Any]:
     return out
 
 
-def _match(ce: fx.Node, hardware: HardwareProfile) -> _Site:
+def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _Site:
     labels, ignore_index, smoothing, reduction = _constant_arguments(ce)
     logits, out = ce.args[0], example_tensor(ce)
     value = example_tensor(logits)
@@ -211,7 +211,8 @@ def _match(ce: fx.Node, hardware: HardwareProfile) -> _Site:
     wanted = (out.requires_grad and h_value.requires_grad, out.requires_grad and
               w_value.requires_grad, out.requires_grad and b_value is not None and
               b_value.requires_grad)
-    in_forward = grads_in_forward(tokens, hidden, vocab, product.dtype, wanted, hardware)
+    in_forward = grads_in_forward(tokens, hidden, vocab, wanted, product.dtype, hardware,
+                                  fused_accumulate)
     return _Site(ce, node, chain, h, weight, transpose, bias, indices,
                  (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
                  removed, wanted, in_forward)
@@ -259,32 +260,45 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
     return site.product.graph is graph and bool(site.product.users)
 
 
-def grads_in_forward(tokens: int, hidden: int, vocab: int, dtype: torch.dtype,
-                     wanted: tuple[bool, bool, bool], hardware: HardwareProfile) -> bool:
+def grads_in_forward(tokens: int, hidden: int, vocab: int, wanted: tuple[bool, bool, bool],
+                     dtype: torch.dtype, hardware: HardwareProfile,
+                     fused_accumulate: bool = True) -> bool:
     """Whether the with-grads form is taken (module doc): some gradient is wanted, those
     kept are at most :data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes, and the cost
-    model predicts it faster on ``hardware``."""
-    return any(wanted) and _with_grads.kept_bytes(tokens, hidden, vocab, *wanted) <= \
-        4 * tokens * vocab * GRADS_IN_FORWARD_SHARE and \
-        _predicted_ms("with_grads", tokens, hidden, vocab, dtype, wanted, hardware) < \
-        _predicted_ms("recompute", tokens, hidden, vocab, dtype, wanted, hardware)
+    model predicts it faster than the recompute form on ``hardware`` (where the rule's first
+    two parts hold it nearly always does; not always: an A100 at 2048 tokens and Llama 3's
+    vocabulary in bf16, its GEMMs unable to add to an fp32 accumulator)."""
+    if not any(wanted) or _with_grads.kept_bytes(tokens, hidden, vocab, *wanted) > \
+            4 * tokens * vocab * GRADS_IN_FORWARD_SHARE:
+        return False
+    return predicted_ms("with_grads", tokens, hidden, vocab, wanted, dtype, hardware,
+                        fused_accumulate) < \
+        predicted_ms("recompute", tokens, hidden, vocab, wanted, dtype, hardware,
+                     fused_accumulate)
 
 
-def _predicted_ms(form: str, tokens: int, hidden: int, vocab: int, dtype: torch.dtype,
-                  wanted: tuple[bool, bool, bool], hardware: HardwareProfile) -> float:
-    """The op's forward and backward in ``form`` on ``hardware`` (the cost model's count,
-    :func:`fxopt.planner.forms.linear_cross_entropy_work`, with the op's own piece sizes)."""
-    pieces = -(-vocab // _ops.block_columns(tokens, vocab)) if form == "recompute" else \
-        -(-tokens // _with_grads.chunk_rows(tokens, vocab))
-    work = forms.linear_cross_entropy_work(form, tokens, hidden, vocab, pieces,
-                                           torch.empty((), dtype=dtype).element_size(),
-                                           grad_h=wanted[0], grad_weight=wanted[1])
+def predicted_ms(form: str, tokens: int, hidden: int, vocab: int,
+                 wanted: tuple[bool, bool, bool], dtype: torch.dtype,
+                 hardware: HardwareProfile, fused_accumulate: bool = True) -> float:
+    """The op's forward and backward in ``form`` ("recompute" or "with_grads") on
+    ``hardware``, cut into pieces as the op cuts them there (the Triton path on CUDA), priced
+    by :func:`fxopt.planner.forms.linear_cross_entropy_work`."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if form == "recompute":
+        pieces = -(-vocab // _ops.block_columns(tokens, vocab))
+    else:
+        triton = hardware.device_type == "cuda"
+        pieces = -(-tokens // _with_grads.chunk_rows(
+            tokens, vocab, logit_bytes=_with_grads.temporary_bytes(itemsize, triton)))
+    work = forms.linear_cross_entropy_work(form, tokens, hidden, vocab, pieces, itemsize,
+                                           grad_h=wanted[0], grad_weight=wanted[1],
+                                           fused_accumulate=fused_accumulate)
     return forms.predict(work, hardware).ms
 
 
 def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
-                                hardware: HardwareProfile = CPU_DEFAULT
-                                ) -> tuple[Verdicts, int]:
+                                hardware: HardwareProfile = CPU_DEFAULT,
+                                fused_accumulate: bool = True) -> tuple[Verdicts, int]:
     """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place: the verdicts
     (per product kind the sites and the plain saved bytes removed; per loss left, the reason)
     and how many rewritten sites still make their logits for another user. ``fxopt plan``'s
@@ -292,7 +306,7 @@ def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
     verdicts, kept = Verdicts(), 0
     for ce in [n for n in gm.graph.nodes if is_call(n, "cross_entropy")]:
         try:
-            site = _match(ce, hardware)
+            site = _match(ce, hardware, fused_accumulate)
         except _Decline as why:
             verdicts.decline(ce.name, str(why))
             continue
@@ -308,6 +322,8 @@ def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
 
 
 def fuse_linear_cross_entropy(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow, profile_for(ctx.device))
+    fused = ctx.device.type != "cuda" or _ops.fused_fp32_accumulate(ctx.device)
+    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow, profile_for(ctx.device),
+                                              fused)
     removed = sum(m.bytes for m in verdicts.matched.values())
     return PassResult(gm, bool(verdicts.matched), verdicts, {REMOVED_SAVED_BYTES: removed})

@@ -337,8 +337,8 @@ def offload_step_seconds(plain_step_s: float, plain_optimizer_s: float,
 
 
 def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, pieces: int,
-                              itemsize: int, grad_h: bool = True, grad_weight: bool = True
-                              ) -> Work:
+                              itemsize: int, grad_h: bool = True, grad_weight: bool = True,
+                              fused_accumulate: bool = True) -> Work:
     """One forward and backward of fuse_linear_cross_entropy's op in ``form``
     ("recompute": ``pieces`` vocabulary blocks, the logits made twice; "with_grads":
     ``pieces`` chunks of token rows, the gradients made in the forward), the head's
@@ -349,15 +349,16 @@ def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, p
     hidden x vocab each). Bytes per logit: per pass the logits written and read (2 x
     itemsize); the gradient read from them and written in the compute dtype (2 x itemsize:
     the Triton kernel's one pass). The accumulated gradient each piece adds to, in fp32 (h's over
-    the vocabulary blocks, W's over the token chunks): read and written in place by an fp32
-    GEMM (8 bytes an entry), written by a half GEMM's fp32 output and then added (16).
+    the vocabulary blocks, W's over the token chunks): read and written by the GEMM that adds
+    to it (8 bytes an entry), or, where a half GEMM cannot (not ``fused_accumulate``),
+    its fp32 product written and then added (16).
     Host: 8 launches a piece."""
     compute = "float32" if itemsize == 4 else (
         "bfloat16" if vocab * itemsize % 16 == 0 else "bfloat16_unaligned")
     gemm = 2.0 * tokens * hidden * vocab
     wanted = grad_h + grad_weight
     logits = tokens * vocab
-    accumulate = 8 if itemsize == 4 else 16
+    accumulate = 8 if itemsize == 4 or fused_accumulate else 16
     if form == "recompute":
         passes = 1 + (wanted > 0)
         accumulated = pieces * tokens * hidden * accumulate if grad_h else 0

@@ -212,10 +212,24 @@ def test_both_forms_on_cuda_in_bf16_match_eager(form):
                                    atol=2**-8 * want.abs().max().item())
 
 
+def test_accumulating_in_fp32_where_the_gemm_cannot_add_to_it():
+    """The CPU's GEMMs take no out_dtype: the probe says so, and bf16 operands accumulate
+    into the fp32 sum exactly as fp32 operands of the same values do."""
+    assert not lce.fused_fp32_accumulate(torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(9, 7, generator=generator).bfloat16() for _ in range(2))
+    out = lce.add_mm_fp32(torch.ones(9, 9), a, b.t())
+    torch.testing.assert_close(out, 1 + a.float() @ b.float().t(), rtol=0, atol=0)
+
+
 def test_chunk_rows_bound_a_chunk_to_a_16th_of_the_tokens_but_not_below_the_minimum():
     assert with_grads.chunk_rows(8192, 50257) == 8192 // 16
     assert with_grads.chunk_rows(1024, 32000) == with_grads.MIN_CHUNK_ROWS
     assert with_grads.chunk_rows(100, 32000) == 100
+    # on CUDA a bf16 chunk's temporaries are its logits, 2 bytes each: twice the rows
+    assert with_grads.chunk_rows(8192, 50257, logit_bytes=with_grads.temporary_bytes(
+        2, triton=True)) == 8192 // 8
+    assert with_grads.temporary_bytes(2, triton=False) == 6
     assert with_grads.kept_bytes(8192, 768, 50257, True, True, False) == \
         4 * (8192 + 50257) * 768
 

@@ -217,23 +217,6 @@ def test_logits_used_elsewhere_stay_for_that_user():
         1}
 
 
-@pytest.mark.parametrize("hardware,sizes,in_forward", [
-    # the CPU: a vocabulary-wide matmul costs far more than W's gradient's traffic
-    ("cpu", (2048, 128, 32000), True),
-    ("cpu", (8192, 768, 50257), True),
-    # an H100 at Llama 3's head: each of the 16 chunks reads and writes W's fp32 gradient
-    # (2 GiB), more than the one matmul the form saves
-    ("H100", (8192, 4096, 128256), False),
-])
-def test_the_cost_model_picks_the_form_predicted_faster(hardware, sizes, in_forward):
-    from fxopt.passes.fuse_linear_cross_entropy import grads_in_forward
-    from fxopt.planner.hardware import CPU_DEFAULT, KNOWN_GPUS
-
-    profile = CPU_DEFAULT if hardware == "cpu" else KNOWN_GPUS[hardware]
-    dtype = torch.float32 if hardware == "cpu" else torch.bfloat16
-    assert grads_in_forward(*sizes, dtype, (True, True, False), profile) is in_forward
-
-
 DECLINED = {
     "class weights": lambda m, h, y: F.cross_entropy(m.head(h).view(-1, V), y.view(-1),
                                                      weight=torch.ones(V)),
