@@ -47,6 +47,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from fxopt import _compat
 from fxopt.kernels import triton_runs_on
 
 __all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
@@ -189,9 +190,10 @@ def fused_fp32_accumulate(device: torch.device) -> bool:
     CUDA GEMMs take an fp32 ``self`` with half operands from pytorch/pytorch#167931, late
     2025): probed once per device on a small case and checked against the two-pass form."""
     try:
-        a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
-        acc = torch.full((16, 16), 0.5, device=device)
-        return bool((torch.addmm(acc, a, a, out_dtype=torch.float32) == 16.5).all())
+        with _compat.modes_suspended():  # the pass asks while Dynamo's fake mode traces
+            a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+            acc = torch.full((16, 16), 0.5, device=device)
+            return bool((torch.addmm(acc, a, a, out_dtype=torch.float32) == 16.5).all())
     except (RuntimeError, TypeError) as unsupported:
         log.debug("fxopt: addmm with out_dtype and an fp32 accumulator unsupported on %s "
                   "(%s): accumulating in two passes", device, unsupported)
