@@ -2,10 +2,11 @@
 the logits, against the same compile without the pass ("plain").
 
 Two parts, for transformers' GPT-2 (vocabulary 50257, tied embeddings) and Llama
-(vocabulary 32000), 2 layers x hidden 128, batch 4 x seq 128 (512 tokens), fp32:
+(vocabulary 32000), 2 layers x hidden 128, batch 4 x seq 128 (512 tokens; ``--batch``,
+``--seq``), fp32:
 
 1. **The loss part alone**: ``cross_entropy(linear(h, W).float().view(-1, V), labels)``
-   with transformers 5's shifted labels (padded with -100), h (512 x 128) requiring grad,
+   with transformers 5's shifted labels (padded with -100), h (tokens x 128) requiring grad,
    W a parameter: the bytes kept for backward (saved-tensor hooks, W, h and labels
    excluded) and the peak of one forward + backward (``fxopt.profile_memory``; above the
    parameters and inputs, and also above the gradients, which both keep), under fx and
@@ -41,18 +42,19 @@ PASS = "fuse_linear_cross_entropy"
 MIB = 2**20
 
 
-def build(name: str) -> nn.Module:
+def build(name: str, positions: int = 128) -> nn.Module:
     import transformers
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     if name == "gpt2":
-        config = transformers.GPT2Config(vocab_size=50257, n_positions=128, n_embd=128,
+        config = transformers.GPT2Config(vocab_size=50257, n_positions=positions, n_embd=128,
                                          n_layer=2, n_head=2)
         return transformers.GPT2LMHeadModel(config)
     config = transformers.LlamaConfig(vocab_size=32000, hidden_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=4,
-                                      intermediate_size=256, max_position_embeddings=128)
+                                      intermediate_size=256,
+                                      max_position_embeddings=positions)
     return transformers.LlamaForCausalLM(config)
 
 
@@ -88,12 +90,12 @@ def _peaks(module: nn.Module, inputs: tuple) -> tuple[int, int]:
     return above, above - categories.get("gradients", 0)
 
 
-def loss_part(name: str, rows: list[str]) -> None:
+def loss_part(name: str, shape: tuple[int, int], rows: list[str]) -> None:
     model = build(name)
     vocab, hidden = model.config.vocab_size, model.config.hidden_size
     del model
-    h = torch.randn(4, 128, hidden, requires_grad=True)
-    labels = torch.randint(0, vocab, (4, 128))
+    h = torch.randn(*shape, hidden, requires_grad=True)
+    labels = torch.randint(0, vocab, shape)
     results = {}
     for codegen in ("fx", "inductor"):
         for on in (False, True):
@@ -112,8 +114,9 @@ def loss_part(name: str, rows: list[str]) -> None:
                     f"{pg / MIB:.1f} | {fg / MIB:.2f} | {fg / pg:.3f} |")
 
 
-def whole_model(name: str, steps: int, rows: list[str], time_rows: list[str]) -> None:
-    ids = torch.randint(0, 50000 if name == "gpt2" else 32000, (4, 128),
+def whole_model(name: str, shape: tuple[int, int], steps: int, rows: list[str],
+                time_rows: list[str]) -> None:
+    ids = torch.randint(0, 50000 if name == "gpt2" else 32000, shape,
                         generator=torch.Generator().manual_seed(1))
     configs = {"torch.compile (Inductor)": "inductor",
                "fxopt inductor, plain": _backend("inductor", False),
@@ -123,7 +126,7 @@ def whole_model(name: str, steps: int, rows: list[str], time_rows: list[str]) ->
     with ignore_transformers_logging():
         torch._dynamo.reset()  # once: a reset would drop the configurations compiled before
         for label, backend in configs.items():
-            module = LossOnly(build(name))
+            module = LossOnly(build(name, shape[1]))
             compiled[label] = (module, torch.compile(module, backend=backend))
             start = time.perf_counter()
             compiled[label][1](ids).backward()
@@ -156,22 +159,25 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["gpt2", "llama"])
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
     part_rows, model_rows, time_rows = [], [], []
     for name in args.models:
-        loss_part(name, part_rows)
-        whole_model(name, args.steps, model_rows, time_rows)
+        loss_part(name, (args.batch, args.seq), part_rows)
+        whole_model(name, (args.batch, args.seq), args.steps, model_rows, time_rows)
     text = "\n".join([
         "# fuse_linear_cross_entropy on the CPU",
         "",
         "Command: `PYTHONPATH=. python benchmarks/fuse_linear_cross_entropy.py "
         + " ".join(sys.argv[1:]) + "`",
-        f"torch {torch.__version__}, {args.threads} threads, fp32, batch 4 x seq 128, "
+        f"torch {torch.__version__}, {args.threads} threads, fp32, batch {args.batch} x seq "
+        f"{args.seq}, "
         "2 layers x hidden 128. Bytes exact; times on a shared, loaded machine "
-        "(eight engineers, 2 cores): medians with min-max spread, not a speed claim.",
+        "(2 cores, other jobs running): medians with min-max spread, not a speed claim.",
         "",
         "## The loss part alone (the head's Linear, upcast, view, cross_entropy)",
         "",

@@ -11,7 +11,8 @@ order rotated each round; each row gives the median and min-max (ms) and the rat
 the medians to eager's and to plain Inductor's.
 
     PYTHONPATH=. python benchmarks/fuse_linear_cross_entropy_step.py --model llama \\
-        [--threads 1] [--steps 7] [--logit-scale 1] [--configs eager inductor ...]
+        [--threads 1] [--steps 7] [--batch 4] [--seq 128] [--logit-scale 1]
+        [--configs eager inductor ...]
 
 ``--threads``: torch's intra-op threads (default 1: on a shared, loaded machine two OpenMP
 threads wait on each other at every parallel op, and the fused loss runs several hundred
@@ -119,16 +120,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--logit-scale", type=float, default=1.0)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--exp-only", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.exp_only:
         return exp_times(args.threads)
-    ids = torch.randint(0, 32000, (4, 128), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 32000, (args.batch, args.seq),
+                        generator=torch.Generator().manual_seed(1))
     steps = {}
     with ignore_transformers_logging():
         for config in args.configs:
-            model = build(args.model)
+            model = build(args.model, args.seq)
             with torch.no_grad():
                 model.get_output_embeddings().weight.mul_(args.logit_scale)
             module = loss_module(config, model)
@@ -138,7 +142,7 @@ def main() -> None:
         # the first call of each compiles (untimed), then one warm-up step each
         times = interleaved(steps, "cpu", warmup=1, rounds=args.steps)
     median = {config: timing.median_ms for config, timing in times.items()}
-    print(f"# {args.model}, {args.threads} thread(s), "
+    print(f"# {args.model}, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), "
           f"logit scale {args.logit_scale:g}, {args.steps} interleaved steps, "
           f"torch {torch.__version__}")
     print("| model | configuration | ms median (min-max) | / eager | / inductor |")

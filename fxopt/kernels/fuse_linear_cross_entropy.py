@@ -11,21 +11,19 @@ Cross-Entropy; Liger-Kernel's fused linear cross-entropy chunks over tokens):
   log-sum-exp, its target logit and (label smoothing) its sum of logits; then the loss.
   It keeps the per-token log-sum-exp (``tokens`` fp32) and its inputs.
 - **backward** (``fxopt::linear_cross_entropy_backward``): per block, the logits again,
-  ``dz = softmax - (1 - eps) onehot - eps / V`` in fp32, then ``dW[v0:v1] = dz.T @ (s h)``
-  (complete in one matmul, written once in W's dtype), ``db[v0:v1] = dz.T @ s`` and
-  ``dh += dz @ W[v0:v1]`` (accumulated in fp32, times ``s`` at the end), where ``s`` is per
-  token the incoming gradient (over the token count for ``mean``; zero for
-  ``ignore_index`` tokens): the scale rides on the small operands, not a pass over a
-  block. The
-  gradient matmuls run in fp32 on operands rounded to the compute dtype, as autocast's
-  casts round them. A gradient whose input needs none is not computed.
+  ``dz = softmax - (1 - eps) onehot - eps / V`` in fp32, times each token's scale ``s``
+  (the incoming gradient, over the token count for ``mean``, zero for ``ignore_index``
+  tokens) and rounded to the compute dtype, as autocast's cast backward rounds eager's;
+  then ``dW[v0:v1] = dz.T @ h`` (complete in one matmul), ``db[v0:v1]`` its column sums
+  and ``dh += dz @ W[v0:v1]``, the matmuls on compute-dtype operands with fp32 results
+  (:func:`mm_fp32`: tensor cores on CUDA). A gradient whose input needs none is not
+  computed.
 
-Why recompute rather than compute the gradients in the forward and keep them (Liger's
-choice): the kept gradient of W is vocabulary x hidden in fp32, the size of the parameter's
-own gradient; where the tokens are few against the hidden size (a short sequence, a small
-batch) it is a large share of what the logits were (hidden / tokens of them), and autograd
-would count it as kept for backward. Recomputing costs one more (tokens x hidden x vocab)
-matmul and keeps only ``tokens`` floats beside the inputs the Linear kept anyway.
+This form runs four (tokens x hidden x vocabulary) matmuls where plain autograd runs three,
+and keeps only ``tokens`` floats beside the inputs the Linear kept anyway. Its sibling
+:mod:`fxopt.kernels.fuse_linear_cross_entropy_with_grads` computes the gradients in the
+forward (three matmuls) and keeps them instead: W's gradient, hidden / tokens of the
+logits' bytes. The pass picks between them (its module doc).
 
 **Block size** (:func:`block_columns`): one block's fp32 logits at most 1/64 of the whole
 (the op's temporaries are a block or two: its fp32 logits, overwritten with their
@@ -37,26 +35,31 @@ bound. The pass uses the default.
 On CUDA, the per-block reductions and pointwise math run in Triton
 (:mod:`fxopt.kernels.fuse_linear_cross_entropy_triton`); elsewhere their torch references below.
 Loss and gradients equal ``F.cross_entropy(F.linear(h, W, b), labels, ...)``'s to fp32
-rounding (the sums run in another order); under autocast eager rounds the logits'
-gradient to the compute dtype before its matmuls and this op does not, so the gradients
-differ from eager's by the compute dtype's rounding.
+rounding (the sums run in another order); under autocast, to the compute dtype's rounding (the
+logits' gradient is rounded as eager rounds it, but not from the same fp32 values).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn.functional as F
 
+from fxopt import _compat
 from fxopt.kernels import triton_runs_on
 
-__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "block_columns",
-           "dlogits_block_reference", "linear_cross_entropy", "linear_cross_entropy_backward",
-           "lse_block_reference", "reference"]
+__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
+           "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
+           "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
+           "mm_fp32", "reference", "token_scales", "triton_kernels", "uses_triton"]
 
 BLOCK_BYTES_CAP = 32 * 2**20
 BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
 REDUCTIONS = ("mean", "sum")
+log = logging.getLogger(__name__)
 # The torch references clamp exponents here before ``exp_``: exp(-87) is fp32's smallest
 # normal number or above (FLT_MIN = exp(-87.34)), so no exponential is subnormal. On the
 # CPU ATen's ``exp_`` of an input whose result is subnormal or underflows takes a slow path,
@@ -76,7 +79,8 @@ def block_columns(tokens: int, vocab: int, block_bytes: int = 0) -> int:
     return max(1, min(vocab, max(bound // row_bytes, MIN_BLOCK_COLUMNS)))
 
 
-def _uses_triton(t: torch.Tensor) -> bool:
+def uses_triton(t: torch.Tensor) -> bool:
+    """Whether the per-block math runs in Triton (:mod:`.fuse_linear_cross_entropy_triton`)."""
     return t.is_cuda and triton_runs_on(t.device)
 
 
@@ -103,11 +107,12 @@ def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch
 
 
 def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: int,
-                            lse: torch.Tensor, label_smoothing: float, vocab: int) -> None:
-    """``out = softmax - (1 - eps) onehot - eps / V`` for block ``z`` (``out`` fp32, may be
-    ``z``). Unscaled: the caller folds the per-token scale (zero for ignored tokens) into
-    the matmuls' small operands instead of a pass over the block."""
-    p = torch.sub(z, lse.unsqueeze(1), out=out).clamp_(min=EXP_FLOOR).exp_()
+                            lse: torch.Tensor, label_smoothing: float, vocab: int,
+                            row_scale: torch.Tensor) -> None:
+    """``out = (softmax - (1 - eps) onehot - eps / V) x row_scale`` for block ``z``, in
+    ``out``'s dtype (``out`` may be ``z``; computed in fp32)."""
+    buffer = out if out.dtype == torch.float32 else None
+    p = torch.sub(z, lse.unsqueeze(1), out=buffer).float().clamp_(min=EXP_FLOOR).exp_()
     if label_smoothing:
         p.sub_(label_smoothing / vocab)
     cols = z.shape[1]
@@ -115,6 +120,9 @@ def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Te
     inside = ((local >= 0) & (local < cols)).to(p.dtype)
     p.scatter_add_(1, local.clamp(0, cols - 1).unsqueeze(1),
                    (inside * -(1.0 - label_smoothing)).unsqueeze(1))
+    p.mul_(row_scale.unsqueeze(1))
+    if p is not out:
+        out.copy_(p)
 
 
 # ---------------------------------------------------------------- the chunked computation
@@ -132,7 +140,7 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     f32 = dict(device=h.device, dtype=torch.float32)
     m = torch.full((tokens,), float("-inf"), **f32)
     s, sum_z, target = (torch.zeros(tokens, **f32) for _ in range(3))
-    fold = _triton().lse_block if _uses_triton(h) else lse_block_reference
+    fold = triton_kernels().lse_block if uses_triton(h) else lse_block_reference
     h_cd = h.to(compute_dtype)
     step = block_columns(tokens, vocab, block_bytes)
     for v0 in range(0, vocab, step):
@@ -150,19 +158,66 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     return loss.to(out_dtype), lse
 
 
+def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of compute-dtype operands, accumulated and returned in fp32. Half operands
+    run on CUDA as a tensor-core GEMM with an fp32 output (``out_dtype``, torch >= 2.8; an
+    fp32 GEMM there is many times slower); elsewhere as an fp32 GEMM of the upcast operands,
+    the same products (a half value is exact in fp32)."""
+    if a.dtype == torch.float32:
+        return a @ b
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+def add_mm_fp32(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``out + a @ b`` for the fp32 accumulator ``out`` (:func:`mm_fp32`'s precision): in
+    place where the GEMM can add to it (fp32 operands; half operands on CUDA where
+    :func:`fused_fp32_accumulate` holds, as a new tensor), else the product then an add (a
+    second pass over the accumulator). Callers keep the result."""
+    if a.dtype == torch.float32:
+        return out.addmm_(a, b)
+    if not a.is_cuda:
+        return out.addmm_(a.float(), b.float())
+    if fused_fp32_accumulate(a.device):
+        return torch.addmm(out, a, b, out_dtype=torch.float32)
+    return out.add_(mm_fp32(a, b))
+
+
+@functools.cache
+def fused_fp32_accumulate(device: torch.device) -> bool:
+    """Whether ``torch.addmm(fp32, half, half, out_dtype=torch.float32)`` runs here (torch's
+    CUDA GEMMs take an fp32 ``self`` with half operands from pytorch/pytorch#167931, late
+    2025): probed once per device on a small case and checked against the two-pass form."""
+    try:
+        with _compat.modes_suspended():  # the pass asks while Dynamo's fake mode traces
+            a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+            acc = torch.full((16, 16), 0.5, device=device)
+            return bool((torch.addmm(acc, a, a, out_dtype=torch.float32) == 16.5).all())
+    except (RuntimeError, TypeError) as unsupported:
+        log.debug("fxopt: addmm with out_dtype and an fp32 accumulator unsupported on %s "
+                  "(%s): accumulating in two passes", device, unsupported)
+        return False
+
+
+def token_scales(labels: torch.Tensor, ignore_index: int, reduction: str,
+                 grad: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """Per token, d loss / d (its cross-entropy): ``grad`` (over the counted tokens for
+    ``mean``), zero for ``ignore_index`` tokens."""
+    valid = labels != ignore_index
+    scale = torch.as_tensor(grad, dtype=torch.float32, device=labels.device).reshape(())
+    if reduction == "mean":
+        scale = scale / valid.sum()
+    return torch.where(valid, scale, 0.0)
+
+
 def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing, reduction,
               compute_dtype, block_bytes, wants):
     tokens, vocab = h.shape[0], weight.shape[0]
     want_h, want_w, want_b = wants
-    scale = grad.float().reshape(())
-    if reduction == "mean":
-        scale = scale / (labels != ignore_index).sum()
-    # d loss / d logits = scale_i x (softmax - onehot - ...): scale_i (zero for ignored
-    # tokens) goes into h's rows for dW, into db's sum, and onto dh's rows at the end
-    row_scale = torch.where(labels != ignore_index, scale, 0.0)
-    gradient = _triton().dlogits_block if _uses_triton(h) else dlogits_block_reference
+    row_scale = token_scales(labels, ignore_index, reduction, grad.float())
+    gradient = triton_kernels().dlogits_block if uses_triton(h) else dlogits_block_reference
     h_cd = h.to(compute_dtype)
-    h_scaled = h_cd.float() * row_scale.unsqueeze(1) if want_w else None
     dh = torch.zeros(tokens, h.shape[1], device=h.device, dtype=torch.float32) if want_h \
         else None
     dw = torch.empty_like(weight) if want_w else None
@@ -171,24 +226,23 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
     for v0 in range(0, vocab, step):
         v1 = min(v0 + step, vocab)
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)
-        dz = z if z.dtype == torch.float32 else torch.empty(z.shape, device=z.device,
-                                                            dtype=torch.float32)
-        gradient(z, dz, labels, v0, lse, label_smoothing, vocab)
+        dz = z  # overwritten with its gradient, in the compute dtype the matmuls take
+        gradient(z, dz, labels, v0, lse, label_smoothing, vocab, row_scale)
         del z
         if want_w:
-            torch.mm(dz.t(), h_scaled, out=dw[v0:v1]) if dw.dtype == torch.float32 else \
-                dw[v0:v1].copy_(dz.t() @ h_scaled)
+            dw[v0:v1] = mm_fp32(dz.t(), h_cd)
         if want_b:
-            db[v0:v1] = (dz.t() @ row_scale).to(bias.dtype)
+            db[v0:v1] = dz.float().sum(0)
         if want_h:
-            dh.addmm_(dz, weight[v0:v1].to(compute_dtype).float())
+            dh = add_mm_fp32(dh, dz, weight[v0:v1].to(compute_dtype))
         del dz
     if want_h:
-        dh = (dh * row_scale.unsqueeze(1)).to(h.dtype)
+        dh = dh.to(h.dtype)
     return [g for g in (dh, dw, db) if g is not None]
 
 
-def _triton():
+def triton_kernels():
+    """The Triton kernels' module, imported only where they run."""
     from fxopt.kernels import fuse_linear_cross_entropy_triton
 
     return fuse_linear_cross_entropy_triton
@@ -196,7 +250,8 @@ def _triton():
 
 # ---------------------------------------------------------------- the ops
 
-def _check(h, weight, labels, reduction):
+def check_arguments(h, weight, labels, reduction):
+    """Raise a ValueError naming what is wrong with the ops' arguments."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"fxopt::linear_cross_entropy: reduction {reduction!r} is not one of "
                          f"{REDUCTIONS}")
@@ -214,7 +269,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                          block_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, per-token log-sum-exp) of ``cross_entropy(linear(h, weight, bias), labels)``,
     the Linear in ``compute_dtype``, the loss in fp32 then ``out_dtype``."""
-    _check(h, weight, labels, reduction)
+    check_arguments(h, weight, labels, reduction)
     with torch.autocast(h.device.type, enabled=False):  # the op chooses its own dtypes
         return _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
                         compute_dtype, out_dtype, block_bytes)
@@ -223,7 +278,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 @linear_cross_entropy.register_fake
 def _(h, weight, bias, labels, ignore_index, label_smoothing, reduction, compute_dtype,
       out_dtype, block_bytes):
-    _check(h, weight, labels, reduction)
+    check_arguments(h, weight, labels, reduction)
     return h.new_empty((), dtype=out_dtype), h.new_empty((h.shape[0],), dtype=torch.float32)
 
 

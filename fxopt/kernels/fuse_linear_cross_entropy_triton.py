@@ -5,9 +5,10 @@ of one vocabulary block of logits; the matmuls around them stay cuBLAS (torch).
   token's running log-sum-exp state (running max ``m`` and sum ``s`` of ``exp(z - m)``), its
   running sum of logits (label smoothing's term) and its target logit, in place: one
   program per token, looping over the block's columns.
-- :func:`dlogits_block` writes the block's unscaled logit gradients ``softmax - (1 - eps)
-  onehot - eps / V`` (the caller scales them through the matmuls' small operands): one
-  program per (token, column tile).
+- :func:`dlogits_block` writes the block's logit gradients ``softmax - (1 - eps) onehot -
+  eps / V`` times each token's scale, in the output's dtype (the compute dtype the
+  gradient matmuls take: one write of 2 bytes an entry under bf16): one program per
+  (token, column tile).
 
 Both read ``z`` in its dtype and compute in fp32. The torch references they must equal are
 :func:`fxopt.kernels.fuse_linear_cross_entropy.lse_block_reference` and
@@ -53,16 +54,17 @@ def _lse_block_kernel(z_ptr, z_stride, labels_ptr, m_ptr, s_ptr, sumz_ptr, targe
 
 
 @triton.jit
-def _dlogits_block_kernel(z_ptr, z_stride, p_ptr, p_stride, labels_ptr, lse_ptr, cols, v0,
-                          smooth_each, hit, BLOCK: tl.constexpr):
+def _dlogits_block_kernel(z_ptr, z_stride, p_ptr, p_stride, labels_ptr, lse_ptr, scale_ptr,
+                          cols, v0, smooth_each, hit, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < cols
     z = tl.load(z_ptr + row.to(tl.int64) * z_stride + offsets, mask=inside,
                 other=0.0).to(tl.float32)
     p = tl.exp(z - tl.load(lse_ptr + row)) - smooth_each
-    p = tl.where(offsets == tl.load(labels_ptr + row) - v0, p - hit, p)
-    tl.store(p_ptr + row.to(tl.int64) * p_stride + offsets, p, mask=inside)
+    p = tl.where(offsets == tl.load(labels_ptr + row) - v0, p - hit, p) * tl.load(scale_ptr + row)
+    tl.store(p_ptr + row.to(tl.int64) * p_stride + offsets, p.to(p_ptr.dtype.element_ty),
+             mask=inside)
 
 
 def lse_block(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch.Tensor,
@@ -77,13 +79,15 @@ def lse_block(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch.Tensor,
 
 
 def dlogits_block(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: int,
-                  lse: torch.Tensor, label_smoothing: float, vocab: int) -> None:
-    """Write the (unscaled) logit gradients of block ``z`` into ``out`` (fp32, may be
-    ``z``)."""
+                  lse: torch.Tensor, label_smoothing: float, vocab: int,
+                  row_scale: torch.Tensor) -> None:
+    """Write the logit gradients of block ``z``, times each row's scale, into ``out`` (in
+    its dtype: fp32, or the compute dtype the matmuls take; may be ``z``)."""
     rows, cols = z.shape
     if rows == 0:
         return
     block = min(BLOCK, triton.next_power_of_2(cols))
     _dlogits_block_kernel[(rows, triton.cdiv(cols, block))](
-        z, z.stride(0), out, out.stride(0), labels, lse, cols, v0, label_smoothing / vocab,
+        z, z.stride(0), out, out.stride(0), labels, lse, row_scale, cols, v0,
+        label_smoothing / vocab,
         1.0 - label_smoothing, BLOCK=block)

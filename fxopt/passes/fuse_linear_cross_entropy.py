@@ -2,18 +2,27 @@
 autograd.
 
 In Dynamo's torch-level graph it finds ``F.cross_entropy(logits, labels)`` whose logits are
-a Linear's or a matmul's output, reached through what transformers' ``ForCausalLMLoss``
-and hand-written losses put between them (the upcast ``.float()`` / ``.to(torch.float32)``,
+a Linear's or a matmul's output, reached through what transformers' ``ForCausalLMLoss`` and
+hand-written losses put between them (the upcast ``.float()`` / ``.to(torch.float32)``,
 ``view``/``reshape``/``flatten`` to (tokens, vocabulary), ``contiguous``, the old shift's
 ``logits[..., :-1, :]``): ``F.linear(h, W, b)``, ``h @ W.T`` / ``h @ W.t()`` /
-``torch.matmul(h, W.transpose(0, 1))`` (+ b). It replaces the loss by
-:func:`fxopt.kernels.fuse_linear_cross_entropy.linear_cross_entropy`, given h with the same
-token slicing and flattened to (tokens, hidden), so the graph never makes the logits (unless
-something else uses them: the Linear then stays for that user) nor keeps their
-log-probabilities for backward. Covered: ``ignore_index``, ``label_smoothing``, ``mean`` and
-``sum`` reductions, a bias, tied embeddings (W a parameter used elsewhere too: autograd adds
-the gradients), autocast (the op computes the logits in the Linear's dtype and the loss in
-fp32, as eager does).
+``torch.matmul(h, W.transpose(0, 1))`` (+ b). It replaces the loss by a custom op (one of
+the two forms below), given h with the same token slicing and flattened to (tokens, hidden),
+so the graph never makes the logits (unless something else uses them: the Linear then stays
+for that user) nor keeps their log-probabilities for backward. Covered: ``ignore_index``,
+``label_smoothing``, ``mean`` and ``sum`` reductions, a bias, tied embeddings (W a parameter
+used elsewhere too: autograd adds the gradients), autocast (the op computes the logits in
+the Linear's dtype and the loss in fp32, as eager does).
+
+Two forms of the op (``fxopt.kernels``): where the loss needs gradients and the ones it
+needs (of h, W, b, from the example values' ``requires_grad``) are at most
+:data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes (many tokens against the hidden
+size: a real batch), and the cost model (:func:`predicted_ms`, on the device's hardware
+profile) predicts it faster, ``linear_cross_entropy_with_grads`` computes them in the
+forward and keeps them: three vocabulary-wide matmuls, as plain autograd runs. Elsewhere
+(few tokens, no gradient wanted, or slower: each of its chunks adds to W's fp32 gradient)
+``linear_cross_entropy`` keeps one float per token and recomputes the logits in the
+backward: four matmuls, or one without a backward.
 
 Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
 the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
@@ -21,17 +30,16 @@ targets, logits that are not (tokens, vocabulary) at the loss (class dim 1), log
 come from something other than a Linear or matmul (or reach the loss through another op),
 a cast to another dtype than fp32 on the way, and fp64 (the op's reductions run in fp32).
 
-Verdicts: matched per product (``linear`` / ``matmul``, with "(its logits still made for
-another user)" where the Linear stays), with the plain saved bytes each removes (the
-log-probabilities, a lower bound of what eager keeps; also ``stats[REMOVED_SAVED_BYTES]``);
-declined per loss, with the reason. Default: on under ``memory_budget``
-(or a replayed ``plan``), and under its own flag.
+Verdicts: matched per product and form (``linear`` / ``matmul``, then :data:`FORMS`'s
+words; "(its logits still made for another user)" where the Linear stays), with the
+plain saved bytes each removes (the log-probabilities, a lower bound of what eager keeps;
+also ``stats[REMOVED_SAVED_BYTES]``); declined per loss, with the reason. Default: on under
+``memory_budget`` (or a replayed ``plan``), and under its own flag.
 """
 
 from __future__ import annotations
 
 import builtins
-import math
 import operator
 from typing import Any, NamedTuple
 
@@ -39,15 +47,25 @@ import torch
 import torch.fx as fx
 
 from fxopt import _compat
-from fxopt.kernels import fuse_linear_cross_entropy as _ops  # noqa: F401  (registers the ops)
+from fxopt.kernels import fuse_linear_cross_entropy as _ops  # registers the ops
+from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
 from fxopt.passes.torch_calls import arg, example_tensor, is_call
+from fxopt.planner import forms
+from fxopt.planner.hardware import CPU_DEFAULT, HardwareProfile, profile_for
 
-__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies"]
+__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies", "grads_in_forward",
+           "predicted_ms"]
 
 PASS = "fuse_linear_cross_entropy"
+# The with-grads form is taken where the gradients it keeps are at most this share of the
+# logits' fp32 bytes (the issue's bar for what the loss may keep, plain's being the logits)
+GRADS_IN_FORWARD_SHARE = 1 / 8
 _RESHAPES = ("view", "reshape", "flatten", "contiguous")
 _TRANSPOSES = ("t", "transpose", "permute")
+
+
+FORMS = {False: "logits recomputed in the backward", True: "gradients in the forward"}
 
 
 class _Decline(Exception):
@@ -67,6 +85,8 @@ class _Site(NamedTuple):
     compute_dtype: torch.dtype
     out_dtype: torch.dtype
     removed_bytes: int
+    wanted_grads: tuple[bool, bool, bool]  # of h, W, b: whose example values need one
+    grads_in_forward: bool     # the with-grads form (module doc), else logits recomputed
 
 
 def _constant_arguments(ce: fx.Node) -> tuple[fx.Node, int, float, str]:
@@ -130,7 +150,7 @@ def _flat(items: Any) -> list[Any]:
     return out
 
 
-def _match(ce: fx.Node) -> _Site:
+def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _Site:
     labels, ignore_index, smoothing, reduction = _constant_arguments(ce)
     logits, out = ce.args[0], example_tensor(ce)
     value = example_tensor(logits)
@@ -186,10 +206,16 @@ def _match(ce: fx.Node) -> _Site:
         raise _Decline("a weight or bias whose shape is not the vocabulary's")
     if torch.float64 in (product.dtype, out.dtype):
         raise _Decline("fp64 (the op's reductions run in fp32)")
-    removed = math.prod(_compat.size_hint(d, 1) for d in value.shape) * value.element_size()
+    tokens, hidden = (_compat.size_hint(d, 1) for d in (value.shape[0], columns))
+    removed = tokens * vocab * value.element_size()
+    wanted = (out.requires_grad and h_value.requires_grad, out.requires_grad and
+              w_value.requires_grad, out.requires_grad and b_value is not None and
+              b_value.requires_grad)
+    in_forward = grads_in_forward(tokens, hidden, vocab, wanted, product.dtype, hardware,
+                                  fused_accumulate)
     return _Site(ce, node, chain, h, weight, transpose, bias, indices,
                  (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
-                 removed)
+                 removed, wanted, in_forward)
 
 
 def _name(node: Any) -> str:
@@ -216,9 +242,12 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
             h = graph.call_method("flatten", (h, 0, -2))
         weight = graph.call_function(torch.t, (site.weight,)) if site.transpose_weight \
             else site.weight
-        op = graph.call_function(torch.ops.fxopt.linear_cross_entropy.default, (
-            h, weight, site.bias, labels, ignore_index, smoothing, reduction,
-            site.compute_dtype, site.out_dtype, 0))
+        arguments = (h, weight, site.bias, labels, ignore_index, smoothing, reduction,
+                     site.compute_dtype, site.out_dtype, 0)
+        op = graph.call_function(
+            torch.ops.fxopt.linear_cross_entropy_with_grads.default,
+            (*arguments, *site.wanted_grads)) if site.grads_in_forward else \
+            graph.call_function(torch.ops.fxopt.linear_cross_entropy.default, arguments)
         loss = graph.call_function(operator.getitem, (op, 0))
     replaced = [site.ce, *site.chain, site.product]
     op.meta["fxopt"] = {"pass": PASS, "replaces": [n.name for n in replaced]}
@@ -231,8 +260,45 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
     return site.product.graph is graph and bool(site.product.users)
 
 
-def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True
-                                ) -> tuple[Verdicts, int]:
+def grads_in_forward(tokens: int, hidden: int, vocab: int, wanted: tuple[bool, bool, bool],
+                     dtype: torch.dtype, hardware: HardwareProfile,
+                     fused_accumulate: bool = True) -> bool:
+    """Whether the with-grads form is taken (module doc): some gradient is wanted, those
+    kept are at most :data:`GRADS_IN_FORWARD_SHARE` of the logits' fp32 bytes, and the cost
+    model predicts it faster than the recompute form on ``hardware`` (where the rule's first
+    two parts hold it nearly always does; not always: an A100 at 2048 tokens and Llama 3's
+    vocabulary in bf16, its GEMMs unable to add to an fp32 accumulator)."""
+    if not any(wanted) or _with_grads.kept_bytes(tokens, hidden, vocab, *wanted) > \
+            4 * tokens * vocab * GRADS_IN_FORWARD_SHARE:
+        return False
+    return predicted_ms("with_grads", tokens, hidden, vocab, wanted, dtype, hardware,
+                        fused_accumulate) < \
+        predicted_ms("recompute", tokens, hidden, vocab, wanted, dtype, hardware,
+                     fused_accumulate)
+
+
+def predicted_ms(form: str, tokens: int, hidden: int, vocab: int,
+                 wanted: tuple[bool, bool, bool], dtype: torch.dtype,
+                 hardware: HardwareProfile, fused_accumulate: bool = True) -> float:
+    """The op's forward and backward in ``form`` ("recompute" or "with_grads") on
+    ``hardware``, cut into pieces as the op cuts them there (the Triton path on CUDA), priced
+    by :func:`fxopt.planner.forms.linear_cross_entropy_work`."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if form == "recompute":
+        pieces = -(-vocab // _ops.block_columns(tokens, vocab))
+    else:
+        triton = hardware.device_type == "cuda"
+        pieces = -(-tokens // _with_grads.chunk_rows(
+            tokens, vocab, logit_bytes=_with_grads.temporary_bytes(itemsize, triton)))
+    work = forms.linear_cross_entropy_work(form, tokens, hidden, vocab, pieces, itemsize,
+                                           grad_h=wanted[0], grad_weight=wanted[1],
+                                           fused_accumulate=fused_accumulate)
+    return forms.predict(work, hardware).ms
+
+
+def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
+                                hardware: HardwareProfile = CPU_DEFAULT,
+                                fused_accumulate: bool = True) -> tuple[Verdicts, int]:
     """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place: the verdicts
     (per product kind the sites and the plain saved bytes removed; per loss left, the reason)
     and how many rewritten sites still make their logits for another user. ``fxopt plan``'s
@@ -240,21 +306,24 @@ def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True
     verdicts, kept = Verdicts(), 0
     for ce in [n for n in gm.graph.nodes if is_call(n, "cross_entropy")]:
         try:
-            site = _match(ce)
+            site = _match(ce, hardware, fused_accumulate)
         except _Decline as why:
             verdicts.decline(ce.name, str(why))
             continue
         if not allow():
             continue
         kind = "linear" if is_call(site.product, "linear") else "matmul"
+        form = FORMS[site.grads_in_forward]
         stays = _rewrite(gm.graph, site)
         kept += stays
-        verdicts.match(f"{kind} (its logits still made for another user)" if stays else kind,
-                       bytes=site.removed_bytes)
+        verdicts.match(f"{kind}, {form}" + (" (its logits still made for another user)"
+                                            if stays else ""), bytes=site.removed_bytes)
     return verdicts, kept
 
 
 def fuse_linear_cross_entropy(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow)
+    fused = ctx.device.type != "cuda" or _ops.fused_fp32_accumulate(ctx.device)
+    verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow, profile_for(ctx.device),
+                                              fused)
     removed = sum(m.bytes for m in verdicts.matched.values())
     return PassResult(gm, bool(verdicts.matched), verdicts, {REMOVED_SAVED_BYTES: removed})

@@ -28,7 +28,9 @@ Forms counted here, each with its count written next to it:
   autocast, eager or Inductor, from its GEMMs by shape, flash attention at its documented
   rate, the block's and the loss's ops listed with their bytes, and the parameters' casts;
 - :func:`offload_step_seconds`: a step with the optimizer offloaded, from the plain step
-  and :func:`fxopt.optim.model.simulate`.
+  and :func:`fxopt.optim.model.simulate`;
+- :func:`linear_cross_entropy_work`: fuse_linear_cross_entropy's two forms of one LM
+  head and loss (the pass picks the one predicted faster).
 
 The H100 table these are checked against is ``benchmarks/results/gpu_h100_2026-11-26.md``
 (tests/planner/test_gpu_forms.py).
@@ -40,8 +42,9 @@ from dataclasses import dataclass, field
 
 from fxopt.planner.hardware import HardwareProfile
 
-__all__ = ["Prediction", "Work", "cell_loop_work", "gpt2_parts", "gpt2_work", "lstm_lm_work",
-           "offload_step_seconds", "predict", "quantization", "rate", "rnn_call_work"]
+__all__ = ["Prediction", "Work", "cell_loop_work", "gpt2_parts", "gpt2_work",
+           "linear_cross_entropy_work", "lstm_lm_work", "offload_step_seconds", "predict",
+           "quantization", "rate", "rnn_call_work"]
 
 GATES = {"lstm": 4, "gru": 3}
 
@@ -331,3 +334,40 @@ def offload_step_seconds(plain_step_s: float, plain_optimizer_s: float,
     backward ends."""
     return plain_step_s - plain_optimizer_s + offloaded_optimizer_s
 
+
+
+def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, pieces: int,
+                              itemsize: int, grad_h: bool = True, grad_weight: bool = True,
+                              fused_accumulate: bool = True) -> Work:
+    """One forward and backward of fuse_linear_cross_entropy's op in ``form``
+    ("recompute": ``pieces`` vocabulary blocks, the logits made twice; "with_grads":
+    ``pieces`` chunks of token rows, the gradients made in the forward), the head's
+    compute dtype ``itemsize`` bytes (4: fp32 GEMMs; else bf16, at the unaligned rate
+    where a row of logits is not a multiple of 16 bytes, as :func:`gpt2_parts`).
+
+    GEMMs: the logits once per pass over them, and the wanted gradients' (2 x tokens x
+    hidden x vocab each). Bytes per logit: per pass the logits written and read (2 x
+    itemsize); the gradient read from them and written in the compute dtype (2 x itemsize:
+    the Triton kernel's one pass). The accumulated gradient each piece adds to, in fp32 (h's over
+    the vocabulary blocks, W's over the token chunks): read and written by the GEMM that adds
+    to it (8 bytes an entry), or, where a half GEMM cannot (not ``fused_accumulate``),
+    its fp32 product written and then added (16).
+    Host: 8 launches a piece."""
+    compute = "float32" if itemsize == 4 else (
+        "bfloat16" if vocab * itemsize % 16 == 0 else "bfloat16_unaligned")
+    gemm = 2.0 * tokens * hidden * vocab
+    wanted = grad_h + grad_weight
+    logits = tokens * vocab
+    accumulate = 8 if itemsize == 4 or fused_accumulate else 16
+    if form == "recompute":
+        passes = 1 + (wanted > 0)
+        accumulated = pieces * tokens * hidden * accumulate if grad_h else 0
+    elif form == "with_grads":
+        passes = 1
+        accumulated = pieces * vocab * hidden * accumulate if grad_weight else 0
+    else:
+        raise ValueError(f"form {form!r} is not 'recompute' or 'with_grads'")
+    gradient = 2 * itemsize * logits if wanted else 0
+    return Work(gemm_flops={compute: gemm * (passes + wanted)},
+                bytes=float(2 * itemsize * logits * passes + gradient + accumulated),
+                launches={"compiled": 8 * pieces})

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fxopt.kernels import fuse_linear_cross_entropy as lce
+from fxopt.kernels import fuse_linear_cross_entropy_with_grads as with_grads
 from fxopt.kernels import triton_installed, triton_runs_on
 
 SHAPES = [(7, 5, 131), (33, 16, 1000)]
@@ -43,24 +44,6 @@ def test_loss_and_gradients_equal_eager_across_blocks(shape, bias, smoothing, re
     for got, want in zip(torch.autograd.grad(3.0 * loss, inputs),
                          torch.autograd.grad(3.0 * expected, inputs)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
-
-
-def test_bf16_compute_dtype_within_bf16_rounding():
-    """The Linear in bf16 (autocast's), the loss in fp32. The loss equals eager's to fp32
-    rounding: both round the same bf16 logits and then upcast. Gradients: eager rounds the
-    logits' gradient to bf16 before the matmuls (autocast's cast backward) and this op keeps
-    it in fp32, so they differ by up to bf16's rounding, 2**-8 relative, of the largest
-    gradient entry: atol 2**-8 x max, rtol bf16's."""
-    h, weight, b, labels = _inputs(33, 16, 1000, True)
-    loss, _ = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
-                                       torch.bfloat16, torch.float32, 4 * 33 * 300)
-    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", torch.bfloat16)
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
-    for got, want in zip(torch.autograd.grad(loss, (h, weight, b)),
-                         torch.autograd.grad(expected, (h, weight, b))):
-        assert got.dtype == want.dtype == torch.float32
-        torch.testing.assert_close(got, want, rtol=1.6e-2,
-                                   atol=2**-8 * want.abs().max().item())
 
 
 def _op_body(h, weight, labels):
@@ -143,6 +126,114 @@ def test_bad_arguments_raise():
                                  torch.float32, 0)
 
 
+# ------------------------------------------------------- the with-grads form (chunks of rows)
+
+def _with_grads(h, weight, b, labels, smoothing, reduction, compute_dtype, block_bytes,
+                wants=(True, True, True)):
+    return with_grads.linear_cross_entropy_with_grads(
+        h, weight, b, labels, -100, smoothing, reduction, compute_dtype, torch.float32,
+        block_bytes, *wants)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_with_grads_loss_and_gradients_equal_eager_across_chunks(shape, bias, smoothing,
+                                                                  reduction):
+    h, weight, b, labels = _inputs(*shape, bias)
+    block_bytes = 4 * shape[2] * 3  # 3 rows a chunk: chunks that do not divide the tokens
+    assert with_grads.chunk_rows(shape[0], shape[2], block_bytes) == 3
+    loss = _with_grads(h, weight, b, labels, smoothing, reduction, torch.float32,
+                       block_bytes)[0]
+    expected = lce.reference(h, weight, b, labels, -100, smoothing, reduction)
+    inputs = [t for t in (h, weight, b) if t is not None]
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    # dh sums V products whose signs cancel (softmax, less the one-hot and eps / V): fp32
+    # rounding of that sum in another order, relative to the largest entry, not to each
+    for got, want in zip(torch.autograd.grad(3.0 * loss, inputs),
+                         torch.autograd.grad(3.0 * expected, inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("form", ["recompute", "with_grads"])
+def test_bf16_gradients_within_bf16_rounding_of_eagers(form):
+    """Both forms round the logits' gradient (times each token's scale) to bf16 before the
+    head's matmuls, as eager's autocast backward does, and accumulate in fp32; eager's
+    rounds the gradient of its own fp32 log-softmax, this op's comes from exponentials summed
+    in another order. Each entry of dz may therefore round to a neighbouring bf16 value:
+    2**-8 relative, so the gradients differ by up to 2**-8 of the largest gradient entry
+    (atol) and bf16's rtol."""
+    h, weight, b, labels = _inputs(33, 16, 1000, True)
+    if form == "recompute":
+        loss = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
+                                        torch.bfloat16, torch.float32, 4 * 33 * 300)[0]
+    else:
+        loss = _with_grads(h, weight, b, labels, 0.1, "mean", torch.bfloat16, 4 * 1000 * 5)[0]
+    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", torch.bfloat16)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(loss, (h, weight, b)),
+                         torch.autograd.grad(expected, (h, weight, b))):
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1.6e-2,
+                                   atol=2**-8 * want.abs().max().item())
+
+
+def test_with_grads_computes_only_the_gradients_asked_for():
+    h, weight, b, labels = _inputs(7, 5, 131, True)
+    loss, dh, dw, db = _with_grads(h, weight, b, labels, 0.0, "sum", torch.float32, 0,
+                                   wants=(True, False, True))
+    assert dw.numel() == 0 and dh.shape == h.shape and db.shape == b.shape
+    expected = lce.reference(h, weight, b, labels, reduction="sum")
+    for got, want in zip((dh, db), torch.autograd.grad(expected, (h, b))):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(RuntimeError, match="gradient of weight"):
+        torch.autograd.grad(loss, weight)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["recompute", "with_grads"])
+def test_both_forms_on_cuda_in_bf16_match_eager(form):
+    """The CUDA path: Triton's per-block math and the matmuls on bf16 operands with fp32
+    results (``mm_fp32``'s ``out_dtype`` GEMMs); bound as the CPU bf16 test's."""
+    cuda = [t.detach().cuda().requires_grad_(t.requires_grad) if t is not None else None
+            for t in _inputs(333, 64, 5003, True)]
+    h, weight, b, labels = cuda
+    if form == "recompute":
+        loss = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
+                                        torch.bfloat16, torch.float32, 4 * 333 * 700)[0]
+    else:
+        loss = _with_grads(h, weight, b, labels, 0.1, "mean", torch.bfloat16, 4 * 5003 * 100)[0]
+    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", torch.bfloat16)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(loss, (h, weight, b)),
+                         torch.autograd.grad(expected, (h, weight, b))):
+        torch.testing.assert_close(got, want, rtol=1.6e-2,
+                                   atol=2**-8 * want.abs().max().item())
+
+
+def test_accumulating_in_fp32_where_the_gemm_cannot_add_to_it():
+    """The CPU's GEMMs take no out_dtype: the probe says so, and bf16 operands accumulate
+    into the fp32 sum exactly as fp32 operands of the same values do."""
+    assert not lce.fused_fp32_accumulate(torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(9, 7, generator=generator).bfloat16() for _ in range(2))
+    out = lce.add_mm_fp32(torch.ones(9, 9), a, b.t())
+    torch.testing.assert_close(out, 1 + a.float() @ b.float().t(), rtol=0, atol=0)
+
+
+def test_chunk_rows_bound_a_chunk_to_a_16th_of_the_tokens_but_not_below_the_minimum():
+    assert with_grads.chunk_rows(8192, 50257) == 8192 // 16
+    assert with_grads.chunk_rows(1024, 32000) == with_grads.MIN_CHUNK_ROWS
+    assert with_grads.chunk_rows(100, 32000) == 100
+    # on CUDA a bf16 chunk's temporaries are its logits, 2 bytes each: twice the rows
+    assert with_grads.chunk_rows(8192, 50257, logit_bytes=with_grads.temporary_bytes(
+        2, triton=True)) == 8192 // 8
+    assert with_grads.temporary_bytes(2, triton=False) == 6
+    assert with_grads.kept_bytes(8192, 768, 50257, True, True, False) == \
+        4 * (8192 + 50257) * 768
+
+
 # ------------------------------------------------------------------ the Triton kernels
 
 @pytest.mark.skipif(not triton_runs_on("cpu"),
@@ -166,12 +257,41 @@ def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing):
     for got, want in zip(*states):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     lse = torch.randn(tokens, generator=generator) + 5
-    outs = [torch.empty(tokens, vocab), torch.empty(tokens, vocab)]
-    kernels.dlogits_block(logits, outs[0], labels, v0, lse, smoothing, 1000)
-    lce.dlogits_block_reference(logits, outs[1], labels, v0, lse, smoothing, 1000)
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-7)
+    scale = torch.rand(tokens, generator=generator) * 3
+    scale[2] = 0.0
+    outs = [torch.empty(tokens, vocab, dtype=dtype), torch.empty(tokens, vocab)]
+    kernels.dlogits_block(logits, outs[0], labels, v0, lse, smoothing, 1000, scale)
+    lce.dlogits_block_reference(logits, outs[1], labels, v0, lse, smoothing, 1000, scale)
+    # a bf16 output: Triton's interpreter truncates fp32 to bf16 (a GPU rounds to nearest),
+    # so under one bf16 ulp of the fp32 value, at most 2**-7 of it
+    torch.testing.assert_close(outs[0].float(), outs[1], rtol=1e-6 if dtype == torch.float32
+                               else 2**-7, atol=1e-7)
+    in_place = logits.clone()
+    kernels.dlogits_block(in_place, in_place, labels, v0, lse, smoothing, 1000, scale)
+    torch.testing.assert_close(in_place, outs[0], rtol=0, atol=0)
     hits = ((labels >= v0) & (labels < v0 + vocab)).sum()
     assert hits >= 2  # target columns inside the block are tested
+
+
+@pytest.mark.skipif(not triton_runs_on("cpu"),
+                    reason="Triton kernels run on the CPU only with TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_with_grads_through_the_triton_kernels_equals_its_torch_path(monkeypatch, dtype):
+    """The with-grads form's CUDA branch (a chunk of whole rows through lse_block and
+    dlogits_block), run by the interpreter on CPU tensors, against its torch branch."""
+    h, weight, b, labels = _inputs(7, 5, 131, True)
+    results = []
+    for triton in (False, True):
+        monkeypatch.setattr(lce, "uses_triton", lambda t, on=triton: on)
+        results.append(_with_grads(h, weight, b, labels, 0.1, "mean", dtype, 4 * 131 * 3))
+    (loss, *grads), (want_loss, *want_grads) = results
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-6)
+    # bf16: the interpreter truncates the logits' gradient to bf16 where torch rounds it to
+    # nearest, one bf16 ulp apart at most (2**-7 of an entry): so the gradients, to 2**-7 of
+    # the largest
+    bound = 1e-6 if dtype == torch.float32 else 2**-7
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=bound, atol=bound * float(want.abs().max()))
 
 
 @pytest.mark.skipif(not triton_installed(), reason="needs Triton")
@@ -190,8 +310,9 @@ def test_triton_kernels_compile_for_sm80_and_sm90_without_spills():
             module=module, attr="_lse_block_kernel"))
         specs.append(aot.KernelSpec(
             f"lce_dlogits_block {name}",
-            {"z_ptr": f"*{name}", "z_stride": "i32", "p_ptr": "*fp32", "p_stride": "i32",
-             "labels_ptr": "*i64", "lse_ptr": "*fp32", "cols": "i32", "v0": "i32",
+            {"z_ptr": f"*{name}", "z_stride": "i32", "p_ptr": f"*{name}", "p_stride": "i32",
+             "labels_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32", "cols": "i32",
+             "v0": "i32",
              "smooth_each": "fp32", "hit": "fp32", "BLOCK": "constexpr"},
             {"BLOCK": 1024}, ("z_ptr", "z_stride", "p_ptr", "p_stride", "cols"), 1024,
             module=module, attr="_dlogits_block_kernel"))

@@ -26,11 +26,11 @@ def _verdicts(comparison):
 class Head(nn.Module):
     """A hidden layer and an LM head whose loss is written by ``loss`` (logits -> loss)."""
 
-    def __init__(self, loss, bias=False, tied=False):
+    def __init__(self, loss, bias=False, tied=False, vocab=V, hidden=H):
         super().__init__()
-        self.embed = nn.Embedding(V, H)
-        self.body = nn.Linear(H, H)
-        self.head = nn.Linear(H, V, bias=bias)
+        self.embed = nn.Embedding(vocab, hidden)
+        self.body = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, vocab, bias=bias)
         if tied:
             self.head.weight = self.embed.weight
         self.loss = loss
@@ -41,7 +41,11 @@ class Head(nn.Module):
 
 
 def _flat_ce(**kw):
-    return lambda m, h, y: F.cross_entropy(m.head(h).view(-1, V), y.view(-1), **kw)
+    return lambda m, h, y: F.cross_entropy(m.head(h).view(-1, _vocab(m)), y.view(-1), **kw)
+
+
+def _vocab(m):
+    return m.head.weight.shape[0]
 
 
 def _matmul_ce(m, h, y):  # h @ W.T, hand-written bias, nn.CrossEntropyLoss
@@ -52,23 +56,24 @@ def _matmul_ce(m, h, y):  # h @ W.T, hand-written bias, nn.CrossEntropyLoss
 def _old_shift(m, h, y):  # transformers 4.x ForCausalLMLoss: shift the logits
     logits = m.head(h).float()
     shift_logits, shift_labels = logits[..., :-1, :].contiguous(), y[..., 1:].contiguous()
-    return F.cross_entropy(shift_logits.view(-1, V), shift_labels.view(-1), reduction="sum")
+    return F.cross_entropy(shift_logits.view(-1, _vocab(m)), shift_labels.view(-1),
+                           reduction="sum")
 
 
 def _new_shift(m, h, y):  # transformers 5.x: pad the labels with ignore_index and shift them
-    logits = m.head(h).float().view(-1, V)
+    logits = m.head(h).float().view(-1, _vocab(m))
     labels = F.pad(y, (0, 1), value=-100)[..., 1:].contiguous().view(-1)
     return F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.05)
 
 
 def _transpose_matmul(m, h, y):
     logits = torch.matmul(h, m.head.weight.transpose(0, 1))
-    return F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), reduction="sum",
+    return F.cross_entropy(logits.reshape(-1, _vocab(m)), y.reshape(-1), reduction="sum",
                            label_smoothing=0.1)
 
 
-def _labels(batch=3, seq=7, ignored=True):
-    labels = torch.randint(0, V, (batch, seq), generator=torch.Generator().manual_seed(1))
+def _labels(batch=3, seq=7, ignored=True, vocab=V):
+    labels = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
     if ignored:
         labels[:, ::4] = -100
     return labels
@@ -102,11 +107,83 @@ def test_variant_fires_and_trains_like_eager(variant):
     assert _verdicts(comparison)[0].count == 1
 
 
+# 4 x 32 tokens, hidden 8, vocabulary 1000: the gradients of h and W are 8/128 + 8/1000 of
+# the logits' bytes, under the pass's 1/8; the variants above (21 tokens, hidden 16) are over
+MANY_TOKENS = dict(vocab=1000, hidden=8)
+IN_FORWARD = "gradients in the forward"
+
+
+def _many_tokens(variant, frozen_head=False):
+    loss, kwargs = VARIANTS[variant]
+    torch.manual_seed(0)
+    model = Head(loss, **kwargs, **MANY_TOKENS)
+    model.head.weight.requires_grad_(not frozen_head)
+    tokens = torch.randint(0, 1000, (4, 32), generator=torch.Generator().manual_seed(2))
+    labels = _labels(4, 32, vocab=1000)
+    if variant in ("ignore_index 5, smoothing, sum", "matmul W.T + bias"):
+        labels[labels == 5] = 6
+        labels[labels == -100] = 5
+    return model, (tokens, labels)
+
+
+@pytest.mark.parametrize("variant", ["linear mean", "ignore_index 5, smoothing, sum",
+                                     "matmul W.T + bias", "transformers 5 shift, smoothing",
+                                     "tied embeddings"])
+def test_many_tokens_take_the_gradients_in_the_forward_and_train_like_eager(variant):
+    model, args = _many_tokens(variant)
+    comparison = assert_same_as_eager(model, args, ON)
+    (form,) = _verdicts(comparison)[0].counts()
+    assert form.endswith(IN_FORWARD), form
+
+
+def test_a_frozen_head_trains_like_eager_in_the_forward_form():
+    model, args = _many_tokens("linear mean", frozen_head=True)
+    comparison = assert_same_as_eager(model, args, ON)
+    (form,) = _verdicts(comparison)[0].counts()
+    assert form.endswith(IN_FORWARD), form
+
+
+def _chosen(tokens, h_grad, w_grad, grad_mode=True):
+    """The op and gradient flags the pass puts in place of ``cross_entropy(linear(h, W))``
+    for these example values (hidden 8, vocabulary 1000)."""
+    from fxopt.passes.fuse_linear_cross_entropy import fuse_linear_cross_entropies
+
+    gm = torch.fx.symbolic_trace(lambda h, w, y: F.cross_entropy(F.linear(h, w), y))
+    values = (torch.randn(tokens, 8, requires_grad=h_grad),
+              torch.randn(1000, 8, requires_grad=w_grad), torch.zeros(tokens).long())
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), values):
+        node.meta["example_value"] = value
+    with torch.set_grad_enabled(grad_mode):
+        for node in [n for n in gm.graph.nodes if n.op == "call_function"]:
+            node.meta["example_value"] = node.target(
+                *[a.meta["example_value"] for a in node.args])
+    fuse_linear_cross_entropies(gm)
+    (op,) = [n for n in gm.graph.nodes if n.op == "call_function" and
+             str(n.target).startswith("fxopt.linear_cross_entropy")]
+    with_grads = op.target is torch.ops.fxopt.linear_cross_entropy_with_grads.default
+    return op.target.name().removeprefix("fxopt::"), op.args[10:] if with_grads else None
+
+
+@pytest.mark.parametrize("tokens,h_grad,w_grad,grad_mode,expected", [
+    (128, True, True, True, ("linear_cross_entropy_with_grads", (True, True, False))),
+    # a frozen head (fine-tuning): no vocabulary-wide matmul for W's gradient
+    (128, True, False, True, ("linear_cross_entropy_with_grads", (True, False, False))),
+    # no backward (evaluation under no_grad): one matmul, nothing kept
+    (128, True, True, False, ("linear_cross_entropy", None)),
+    # few tokens: W's gradient would be 8/16 of the logits' bytes
+    (16, True, True, True, ("linear_cross_entropy", None)),
+])
+def test_the_form_follows_the_gradients_wanted_and_their_share_of_the_logits(
+        tokens, h_grad, w_grad, grad_mode, expected):
+    assert _chosen(tokens, h_grad, w_grad, grad_mode) == expected
+
+
 def test_autocast_linear_in_bf16_loss_in_fp32():
     """Under bf16 autocast the head runs in bf16 and the loss in fp32, as eager's. The loss
     equals eager's to fp32 rounding (both upcast the same bf16 logits); the gradients differ
-    by bf16's rounding: eager rounds the logits' gradient to bf16 before the head's matmuls,
-    the op does not. Hence bf16's tolerance on fp32 gradients (rtol 1.6e-2, atol 1e-2 against
+    by bf16's rounding: both round the logits' gradient to bf16 before the head's matmuls,
+    from fp32 values computed in another order, so an entry may round to a neighbouring
+    bf16 value. Hence bf16's tolerance on fp32 gradients (rtol 1.6e-2, atol 1e-2 against
     gradients of order 0.1)."""
     torch.manual_seed(0)
     model = BF16Autocast(Head(_new_shift))
@@ -136,7 +213,8 @@ def test_logits_used_elsewhere_stay_for_that_user():
                                                               _labels()), ON)
     assert comparison.fired(PASS)
     assert _verdicts(comparison)[0].counts() == {
-        "linear (its logits still made for another user)": 1}
+        "linear, logits recomputed in the backward (its logits still made for another user)":
+        1}
 
 
 DECLINED = {
