@@ -53,7 +53,8 @@ from fxopt.kernels import triton_runs_on
 __all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
            "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
            "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
-           "mm_fp32", "reference", "token_scales", "triton_kernels", "uses_triton"]
+           "mm_fp32", "reference", "refuse_double_backward", "token_scales", "triton_kernels",
+           "uses_triton"]
 
 BLOCK_BYTES_CAP = 32 * 2**20
 BLOCK_FRACTION = 64
@@ -308,7 +309,18 @@ def _setup_context(ctx, inputs, output):
     ctx.arguments = (ignore_index, smoothing, reduction, compute_dtype, block)
 
 
+def refuse_double_backward(op: str) -> None:
+    """Raise where the backward is being differentiated (``create_graph=True``: autograd runs
+    a backward with grad mode on only then): the ops' backwards are not differentiable, and
+    a Hessian-vector product through them would silently miss terms."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"fxopt::{op}: a backward with create_graph=True (a second "
+                           "derivative) is not supported; compile with "
+                           "fuse_linear_cross_entropy=False for this loss")
+
+
 def _autograd_backward(ctx, grad, _grad_lse):
+    refuse_double_backward("linear_cross_entropy")
     h, weight, bias, labels, lse = ctx.saved_tensors
     want_h, want_w, want_b = ctx.needs_input_grad[:3]
     want_b = want_b and bias is not None

@@ -183,6 +183,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, grad, *_unused):
+    single.refuse_double_backward("linear_cross_entropy_with_grads")
     scale = grad.float()
     grads = []
     for name, kept, wanted, dtype in zip(("h", "weight", "bias"), ctx.saved_tensors,

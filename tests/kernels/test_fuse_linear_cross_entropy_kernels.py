@@ -209,6 +209,16 @@ def test_both_forms_on_cuda_in_bf16_match_eager(form):
     _assert_bf16_form_equals_eager(form, *cuda, pieces=4)
 
 
+@pytest.mark.parametrize("form", ["recompute", "with_grads"])
+def test_a_second_derivative_is_refused_not_silently_wrong(form):
+    h, weight, b, labels = _inputs(7, 5, 131, False)
+    loss = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.0, "mean", torch.float32,
+                                    torch.float32, 0)[0] if form == "recompute" else \
+        _with_grads(h, weight, b, labels, 0.0, "mean", torch.float32, 0)[0]
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(loss, h, create_graph=True)
+
+
 def test_accumulating_in_fp32_where_the_gemm_cannot_add_to_it():
     """The CPU's GEMMs take no out_dtype: the probe says so, and bf16 operands accumulate
     into the fp32 sum exactly as fp32 operands of the same values do."""
