@@ -25,12 +25,15 @@ and keeps only ``tokens`` floats beside the inputs the Linear kept anyway. Its s
 forward (three matmuls) and keeps them instead: W's gradient, hidden / tokens of the
 logits' bytes. The pass picks between them (its module doc).
 
-**Block size** (:func:`block_columns`): one block's fp32 logits at most 1/64 of the whole
-(the op's temporaries are a block or two: its fp32 logits, overwritten with their
-exponentials or gradients, and, from a lower-precision compute dtype, their upcast) and
-at most :data:`BLOCK_BYTES_CAP`, but at least :data:`MIN_BLOCK_COLUMNS` columns (matmuls
+**Block size** (:func:`block_columns`): one block's temporaries at most 1/64 of the logits'
+fp32 bytes (:func:`temporary_bytes`: on CUDA its logits in the compute dtype, overwritten
+in place by the Triton kernels with their gradient; the torch path adds an fp32 copy where
+the compute dtype is narrower), but at least :data:`MIN_BLOCK_COLUMNS` columns (matmuls
 narrower than that run far below peak); the ``block_bytes`` argument overrides the byte
-bound. The pass uses the default.
+bound. The bound is relative only: each block adds to h's fp32 gradient, so on a GPU an
+absolute cap (32 MiB before) multiplied that traffic at large heads (126 blocks for Llama
+3's at 8192 tokens, a predicted 12.6 ms on an H100; 32 blocks now). The pass uses the
+default.
 
 On CUDA, the per-block reductions and pointwise math run in Triton
 (:mod:`fxopt.kernels.fuse_linear_cross_entropy_triton`); elsewhere their torch references below.
@@ -50,13 +53,12 @@ import torch.nn.functional as F
 from fxopt import _compat
 from fxopt.kernels import triton_runs_on
 
-__all__ = ["BLOCK_BYTES_CAP", "EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
+__all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
            "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
            "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
-           "mm_fp32", "reference", "refuse_double_backward", "token_scales", "triton_kernels",
-           "uses_triton"]
+           "mm_fp32", "reference", "refuse_double_backward", "temporary_bytes", "token_scales",
+           "triton_kernels", "uses_triton"]
 
-BLOCK_BYTES_CAP = 32 * 2**20
 BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
 REDUCTIONS = ("mean", "sum")
@@ -72,12 +74,20 @@ log = logging.getLogger(__name__)
 EXP_FLOOR = -87.0
 
 
-def block_columns(tokens: int, vocab: int, block_bytes: int = 0) -> int:
-    """Columns per vocabulary block (module doc); ``block_bytes`` > 0 bounds one block's
-    fp32 logits instead of the default."""
-    row_bytes = 4 * max(tokens, 1)
-    bound = block_bytes or min(row_bytes * vocab // BLOCK_FRACTION, BLOCK_BYTES_CAP)
-    return max(1, min(vocab, max(bound // row_bytes, MIN_BLOCK_COLUMNS)))
+def block_columns(tokens: int, vocab: int, block_bytes: int = 0, logit_bytes: int = 4) -> int:
+    """Columns per vocabulary block (module doc): the block's temporaries, ``logit_bytes`` a
+    logit, at most 1/:data:`BLOCK_FRACTION` of the logits' fp32 bytes; ``block_bytes`` > 0
+    bounds them instead."""
+    rows = max(tokens, 1)
+    bound = block_bytes or 4 * rows * vocab // BLOCK_FRACTION
+    return max(1, min(vocab, max(bound // (logit_bytes * rows), MIN_BLOCK_COLUMNS)))
+
+
+def temporary_bytes(itemsize: int, triton: bool) -> int:
+    """A block's (or chunk's) temporaries per logit: its logits in the compute dtype,
+    overwritten in place by the Triton kernels; the torch path adds an fp32 copy where the
+    compute dtype is narrower."""
+    return itemsize if triton or itemsize == 4 else itemsize + 4
 
 
 def uses_triton(t: torch.Tensor) -> bool:
@@ -143,7 +153,8 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     s, sum_z, target = (torch.zeros(tokens, **f32) for _ in range(3))
     fold = triton_kernels().lse_block if uses_triton(h) else lse_block_reference
     h_cd = h.to(compute_dtype)
-    step = block_columns(tokens, vocab, block_bytes)
+    step = block_columns(tokens, vocab, block_bytes, temporary_bytes(
+        torch.empty((), dtype=compute_dtype).element_size(), uses_triton(h)))
     for v0 in range(0, vocab, step):
         z = _block_logits(h_cd, weight, bias, v0, min(v0 + step, vocab), compute_dtype)
         fold(z, labels, v0, m, s, sum_z, target, bool(label_smoothing))
@@ -223,7 +234,8 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
         else None
     dw = torch.empty_like(weight) if want_w else None
     db = torch.empty_like(bias) if want_b else None
-    step = block_columns(tokens, vocab, block_bytes)
+    step = block_columns(tokens, vocab, block_bytes, temporary_bytes(
+        torch.empty((), dtype=compute_dtype).element_size(), uses_triton(h)))
     for v0 in range(0, vocab, step):
         v1 = min(v0 + step, vocab)
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from fxopt.kernels import fuse_linear_cross_entropy as single
 
-__all__ = ["CHUNK_FRACTION", "MIN_CHUNK_ROWS", "chunk_rows", "kept_bytes", "temporary_bytes",
+__all__ = ["CHUNK_FRACTION", "MIN_CHUNK_ROWS", "chunk_rows", "kept_bytes",
            "linear_cross_entropy_with_grads", "softmax_rows_reference"]
 
 CHUNK_FRACTION = 16
@@ -52,18 +52,12 @@ MIN_CHUNK_ROWS = 128
 
 def chunk_rows(tokens: int, vocab: int, block_bytes: int = 0, logit_bytes: int = 4) -> int:
     """Token rows per chunk (module doc): the chunk's temporaries, ``logit_bytes`` a logit
-    (:func:`temporary_bytes`), at most 1/:data:`CHUNK_FRACTION` of the logits' fp32 bytes, but
-    at least :data:`MIN_CHUNK_ROWS` rows; ``block_bytes`` > 0 bounds them instead."""
+    (``fuse_linear_cross_entropy.temporary_bytes``), at most 1/:data:`CHUNK_FRACTION` of
+    the logits' fp32 bytes, but at least :data:`MIN_CHUNK_ROWS` rows; ``block_bytes`` > 0
+    bounds them instead."""
     bound = block_bytes or 4 * tokens * vocab // CHUNK_FRACTION
     rows = bound // (logit_bytes * max(vocab, 1))
     return max(1, min(tokens, rows if block_bytes else max(rows, MIN_CHUNK_ROWS)))
-
-
-def temporary_bytes(itemsize: int, triton: bool) -> int:
-    """A chunk's temporaries per logit: its logits in the compute dtype, overwritten in place
-    by the Triton kernels with their gradient; the torch path adds an fp32 softmax where the
-    compute dtype is narrower."""
-    return itemsize if triton or itemsize == 4 else itemsize + 4
 
 
 def kept_bytes(tokens: int, hidden: int, vocab: int, grad_h: bool, grad_weight: bool,
@@ -126,7 +120,7 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
     dh = torch.empty(tokens, hidden, **f32) if want_h else h.new_empty(0)
     dw = torch.zeros(vocab, hidden, **f32) if want_w else h.new_empty(0)
     db = torch.zeros(vocab, **f32) if want_b else h.new_empty(0)
-    step = chunk_rows(tokens, vocab, block_bytes, temporary_bytes(
+    step = chunk_rows(tokens, vocab, block_bytes, single.temporary_bytes(
         torch.empty((), dtype=compute_dtype).element_size(), single.uses_triton(h)))
     for r0 in range(0, tokens, step):
         r1 = min(r0 + step, tokens)

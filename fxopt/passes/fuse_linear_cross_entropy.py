@@ -284,12 +284,10 @@ def predicted_ms(form: str, tokens: int, hidden: int, vocab: int,
     ``hardware``, cut into pieces as the op cuts them there (the Triton path on CUDA), priced
     by :func:`fxopt.planner.forms.linear_cross_entropy_work`."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if form == "recompute":
-        pieces = -(-vocab // _ops.block_columns(tokens, vocab))
-    else:
-        triton = hardware.device_type == "cuda"
-        pieces = -(-tokens // _with_grads.chunk_rows(
-            tokens, vocab, logit_bytes=_with_grads.temporary_bytes(itemsize, triton)))
+    temporaries = _ops.temporary_bytes(itemsize, triton=hardware.device_type == "cuda")
+    pieces = -(-vocab // _ops.block_columns(tokens, vocab, logit_bytes=temporaries)) \
+        if form == "recompute" else \
+        -(-tokens // _with_grads.chunk_rows(tokens, vocab, logit_bytes=temporaries))
     work = forms.linear_cross_entropy_work(form, tokens, hidden, vocab, pieces, itemsize,
                                            grad_h=wanted[0], grad_weight=wanted[1],
                                            fused_accumulate=fused_accumulate)
