@@ -143,7 +143,9 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
             f"Dynamo breaks the graph at a logging call ({', '.join(logging_calls)}): the "
             "model compiles into more graphs (a memory budget is then shared by them, and "
             "a loss after the break keeps its logits input; fxopt.planner.ledger). "
-            "fxopt.ignore_transformers_logging() removes transformers' breaks; in torch "
+            "fxopt.ignore_transformers_logging() removes transformers' breaks (a "
+            "transformers model whose loss_type is unset, GPT-2's, warns at every loss: "
+            "model.loss_type = 'ForCausalLM', its default loss, ends that one); in torch "
             "itself the setting is torch._dynamo.config.ignore_logging_functions (torch "
             ">= 2.11; it takes the exact function, e.g. transformers' "
             "logging.Logger.warning_once), ignore_logger_methods in older torch")

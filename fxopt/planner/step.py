@@ -216,7 +216,9 @@ def _input_floor(saved: SavedBytesProblem, base_bytes: int) -> str:
             "model into one graph, where they are recomputed (and the LM head's "
             "fuse_linear_cross_entropy never stores logits): "
             "fxopt.ignore_transformers_logging() around the first call removes "
-            "transformers' logging breaks; fxopt.explain names the breaks")
+            "transformers' logging breaks (for GPT-2's, whose loss_type is unset, so does "
+            "model.loss_type = 'ForCausalLM', its default loss); fxopt.explain names the "
+            "breaks")
 
 
 def _peak_checked(problem: StepProblem, decision: FractionDecision, fraction: float) -> None:

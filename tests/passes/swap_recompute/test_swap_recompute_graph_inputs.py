@@ -105,6 +105,7 @@ def test_strict_raises_where_the_graphs_floors_together_miss_the_budget():
     assert "the floors of the model's 2 graphs together are" in message
     assert f"{logits} bytes of the floor" in message
     assert "across a graph break" in message and "ignore_transformers_logging()" in message
+    assert "model.loss_type = 'ForCausalLM'" in message
 
 
 @pytest.mark.slow
