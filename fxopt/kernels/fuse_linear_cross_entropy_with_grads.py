@@ -117,9 +117,10 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
     h_cd, w_cd = h.to(compute_dtype), weight.to(compute_dtype)
     b_cd = None if bias is None else bias.to(compute_dtype)
     per_token = torch.empty(tokens, **f32)
-    dh = torch.empty(tokens, hidden, **f32) if want_h else h.new_empty(0)
-    dw = torch.zeros(vocab, hidden, **f32) if want_w else h.new_empty(0)
-    db = torch.zeros(vocab, **f32) if want_b else h.new_empty(0)
+    nothing = torch.empty(0, **f32)  # in place of a gradient not asked for (as the fake's)
+    dh = torch.empty(tokens, hidden, **f32) if want_h else nothing
+    dw = torch.zeros(vocab, hidden, **f32) if want_w else nothing
+    db = torch.zeros(vocab, **f32) if want_b else nothing
     step = chunk_rows(tokens, vocab, block_bytes, single.temporary_bytes(
         torch.empty((), dtype=compute_dtype).element_size(), single.uses_triton(h)))
     for r0 in range(0, tokens, step):

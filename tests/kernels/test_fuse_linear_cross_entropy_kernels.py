@@ -194,6 +194,11 @@ def test_with_grads_computes_only_the_gradients_asked_for():
     loss, dh, dw, db = _with_grads(h, weight, b, labels, 0.0, "sum", torch.float32, 0,
                                    wants=(True, False, True))
     assert dw.numel() == 0 and dh.shape == h.shape and db.shape == b.shape
+    # every output fp32, as the fake implementation says, whatever h's dtype
+    fake = torch.library.opcheck(with_grads.linear_cross_entropy_with_grads, (
+        h.detach().bfloat16(), weight.detach(), b.detach(), labels, -100, 0.0, "sum",
+        torch.float32, torch.float32, 0, True, False, True), test_utils="test_faketensor")
+    assert fake["test_faketensor"] == "SUCCESS"
     expected = lce.reference(h, weight, b, labels, reduction="sum")
     for got, want in zip((dh, db), torch.autograd.grad(expected, (h, b))):
         torch.testing.assert_close(got, want)
