@@ -297,10 +297,12 @@ def predicted_ms(form: str, tokens: int, hidden: int, vocab: int,
 def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
                                 hardware: HardwareProfile = CPU_DEFAULT,
                                 fused_accumulate: bool = True) -> tuple[Verdicts, int]:
-    """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place: the verdicts
-    (per product kind the sites and the plain saved bytes removed; per loss left, the reason)
-    and how many rewritten sites still make their logits for another user. ``fxopt plan``'s
-    capture calls it too, so it plans the graphs compiled."""
+    """Rewrite every matching loss of ``gm`` (those ``allow`` accepts) in place, choosing
+    each site's form for ``hardware`` (``fused_accumulate``: whether its half GEMMs add to an
+    fp32 accumulator): the verdicts (per product kind and form the sites and the plain saved
+    bytes removed; per loss left, the reason) and how many rewritten sites still make their
+    logits for another user. The pass (which ``fxopt plan``'s capture runs too) calls it
+    with the graph's device."""
     verdicts, kept = Verdicts(), 0
     for ce in [n for n in gm.graph.nodes if is_call(n, "cross_entropy")]:
         try:
