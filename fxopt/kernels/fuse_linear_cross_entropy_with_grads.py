@@ -117,10 +117,11 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
     h_cd, w_cd = h.to(compute_dtype), weight.to(compute_dtype)
     b_cd = None if bias is None else bias.to(compute_dtype)
     per_token = torch.empty(tokens, **f32)
-    nothing = torch.empty(0, **f32)  # in place of a gradient not asked for (as the fake's)
-    dh = torch.empty(tokens, hidden, **f32) if want_h else nothing
-    dw = torch.zeros(vocab, hidden, **f32) if want_w else nothing
-    db = torch.zeros(vocab, **f32) if want_b else nothing
+    # a gradient not asked for: an empty fp32 tensor of its own (as the fake's; outputs of
+    # a custom op may not alias each other)
+    dh = torch.empty(tokens, hidden, **f32) if want_h else torch.empty(0, **f32)
+    dw = torch.zeros(vocab, hidden, **f32) if want_w else torch.empty(0, **f32)
+    db = torch.zeros(vocab, **f32) if want_b else torch.empty(0, **f32)
     step = chunk_rows(tokens, vocab, block_bytes, single.temporary_bytes(
         torch.empty((), dtype=compute_dtype).element_size(), single.uses_triton(h)))
     for r0 in range(0, tokens, step):

@@ -194,11 +194,14 @@ def test_with_grads_computes_only_the_gradients_asked_for():
     loss, dh, dw, db = _with_grads(h, weight, b, labels, 0.0, "sum", torch.float32, 0,
                                    wants=(True, False, True))
     assert dw.numel() == 0 and dh.shape == h.shape and db.shape == b.shape
-    # every output fp32, as the fake implementation says, whatever h's dtype
-    fake = torch.library.opcheck(with_grads.linear_cross_entropy_with_grads, (
-        h.detach().bfloat16(), weight.detach(), b.detach(), labels, -100, 0.0, "sum",
-        torch.float32, torch.float32, 0, True, False, True), test_utils="test_faketensor")
-    assert fake["test_faketensor"] == "SUCCESS"
+    # every output fp32, as the fake implementation says, whatever h's dtype; and two
+    # gradients not asked for (a frozen head without a bias) two tensors, not one aliased
+    for bias, wants in ((b.detach(), (True, False, True)), (None, (True, False, False))):
+        checks = torch.library.opcheck(with_grads.linear_cross_entropy_with_grads, (
+            h.detach().bfloat16(), weight.detach(), bias, labels, -100, 0.0, "sum",
+            torch.float32, torch.float32, 0, *wants),
+            test_utils=("test_schema", "test_faketensor"))
+        assert set(checks.values()) == {"SUCCESS"}, checks
     expected = lce.reference(h, weight, b, labels, reduction="sum")
     for got, want in zip((dh, db), torch.autograd.grad(expected, (h, b))):
         torch.testing.assert_close(got, want)
