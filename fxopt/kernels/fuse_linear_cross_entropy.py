@@ -56,7 +56,8 @@ from fxopt.kernels import triton_runs_on
 __all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
            "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
            "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
-           "mm_fp32", "reference", "refuse_double_backward", "temporary_bytes", "token_scales",
+           "mm_fp32", "reference", "refuse_double_backward", "subtract_targets_",
+           "temporary_bytes", "token_scales",
            "triton_kernels", "uses_triton"]
 
 BLOCK_FRACTION = 64
@@ -124,16 +125,27 @@ def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Te
     ``out``'s dtype (``out`` may be ``z``; computed in fp32)."""
     buffer = out if out.dtype == torch.float32 else None
     p = torch.sub(z, lse.unsqueeze(1), out=buffer).float().clamp_(min=EXP_FLOOR).exp_()
-    if label_smoothing:
-        p.sub_(label_smoothing / vocab)
-    cols = z.shape[1]
-    local = labels - v0
-    inside = ((local >= 0) & (local < cols)).to(p.dtype)
-    p.scatter_add_(1, local.clamp(0, cols - 1).unsqueeze(1),
-                   (inside * -(1.0 - label_smoothing)).unsqueeze(1))
+    subtract_targets_(p, labels, v0, label_smoothing, vocab)
     p.mul_(row_scale.unsqueeze(1))
     if p is not out:
         out.copy_(p)
+
+
+def subtract_targets_(p: torch.Tensor, labels: torch.Tensor, v0: int, label_smoothing: float,
+                      vocab: int, row_scale: torch.Tensor | None = None) -> None:
+    """``p -= (1 - eps) onehot + eps / V`` in place, for the block of columns ``v0:v0 +
+    p.shape[1]`` of the softmax ``p`` (fp32); with ``row_scale``, each row's two terms times
+    its scale (``p`` already scaled): the cross-entropy's targets, shared by the references
+    of both forms."""
+    if label_smoothing:
+        p.sub_(label_smoothing / vocab if row_scale is None else
+               (row_scale * (label_smoothing / vocab)).unsqueeze(1))
+    cols = p.shape[1]
+    local = labels - v0
+    inside = ((local >= 0) & (local < cols)).to(p.dtype)
+    hit = inside * -(1.0 - label_smoothing)
+    p.scatter_add_(1, local.clamp(0, cols - 1).unsqueeze(1),
+                   (hit if row_scale is None else hit * row_scale).unsqueeze(1))
 
 
 # ---------------------------------------------------------------- the chunked computation
@@ -153,8 +165,8 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     s, sum_z, target = (torch.zeros(tokens, **f32) for _ in range(3))
     fold = triton_kernels().lse_block if uses_triton(h) else lse_block_reference
     h_cd = h.to(compute_dtype)
-    step = block_columns(tokens, vocab, block_bytes, temporary_bytes(
-        torch.empty((), dtype=compute_dtype).element_size(), uses_triton(h)))
+    step = block_columns(tokens, vocab, block_bytes,
+                         temporary_bytes(compute_dtype.itemsize, uses_triton(h)))
     for v0 in range(0, vocab, step):
         z = _block_logits(h_cd, weight, bias, v0, min(v0 + step, vocab), compute_dtype)
         fold(z, labels, v0, m, s, sum_z, target, bool(label_smoothing))
@@ -234,8 +246,8 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
         else None
     dw = torch.empty_like(weight) if want_w else None
     db = torch.empty_like(bias) if want_b else None
-    step = block_columns(tokens, vocab, block_bytes, temporary_bytes(
-        torch.empty((), dtype=compute_dtype).element_size(), uses_triton(h)))
+    step = block_columns(tokens, vocab, block_bytes,
+                         temporary_bytes(compute_dtype.itemsize, uses_triton(h)))
     for v0 in range(0, vocab, step):
         v1 = min(v0 + step, vocab)
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)

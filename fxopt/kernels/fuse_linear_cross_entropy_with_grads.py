@@ -82,29 +82,25 @@ def softmax_rows_reference(z: torch.Tensor, row_scale: torch.Tensor
 def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype):
     """(the logits' gradient, scaled per token and in the compute dtype; the per-token
     loss) of one chunk's whole-row logits ``z``."""
-    target = z.gather(1, labels.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1).float()
-    mean_z = z.float().mean(1) if smoothing else None
+    rows = z.shape[0]
     if single.uses_triton(z):
         kernels = single.triton_kernels()
         f32 = dict(device=z.device, dtype=torch.float32)
-        rows = z.shape[0]
-        m, s = torch.full((rows,), float("-inf"), **f32), torch.zeros(rows, **f32)
-        scratch = torch.zeros(rows, **f32), torch.zeros(rows, **f32)
-        kernels.lse_block(z, labels, 0, m, s, *scratch, False)
+        m = torch.full((rows,), float("-inf"), **f32)
+        s, sum_z, target = (torch.zeros(rows, **f32) for _ in range(3))
+        kernels.lse_block(z, labels, 0, m, s, sum_z, target, bool(smoothing))
         lse = m + torch.log(s)
         kernels.dlogits_block(z, z, labels, 0, lse, smoothing, vocab, row_scale)
         dz = z  # overwritten with its scaled gradient, in the compute dtype
     else:
+        target = z.gather(1, labels.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1).float()
+        sum_z = z.float().sum(1) if smoothing else None
         dz, lse = softmax_rows_reference(z, row_scale)
-        if smoothing:
-            dz.sub_((row_scale * (smoothing / vocab)).unsqueeze(1))
-        inside = (labels >= 0) & (labels < vocab)
-        dz.scatter_add_(1, labels.clamp(0, vocab - 1).unsqueeze(1),
-                        torch.where(inside, row_scale * -(1.0 - smoothing), 0.0).unsqueeze(1))
+        single.subtract_targets_(dz, labels, 0, smoothing, vocab, row_scale)
         dz = dz.to(compute_dtype)
     per_token = (1.0 - smoothing) * (lse - target)
     if smoothing:
-        per_token = per_token + smoothing * (lse - mean_z)
+        per_token = per_token + smoothing * (lse - sum_z / vocab)
     return dz, per_token
 
 
@@ -122,8 +118,8 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
     dh = torch.empty(tokens, hidden, **f32) if want_h else torch.empty(0, **f32)
     dw = torch.zeros(vocab, hidden, **f32) if want_w else torch.empty(0, **f32)
     db = torch.zeros(vocab, **f32) if want_b else torch.empty(0, **f32)
-    step = chunk_rows(tokens, vocab, block_bytes, single.temporary_bytes(
-        torch.empty((), dtype=compute_dtype).element_size(), single.uses_triton(h)))
+    step = chunk_rows(tokens, vocab, block_bytes,
+                      single.temporary_bytes(compute_dtype.itemsize, single.uses_triton(h)))
     for r0 in range(0, tokens, step):
         r1 = min(r0 + step, tokens)
         z = F.linear(h_cd[r0:r1], w_cd, b_cd)
