@@ -283,7 +283,7 @@ def predicted_ms(form: str, tokens: int, hidden: int, vocab: int,
     """The op's forward and backward in ``form`` ("recompute" or "with_grads") on
     ``hardware``, cut into pieces as the op cuts them there (the Triton path on CUDA), priced
     by :func:`fxopt.planner.forms.linear_cross_entropy_work`."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     temporaries = _ops.temporary_bytes(itemsize, triton=hardware.device_type == "cuda")
     pieces = -(-vocab // _ops.block_columns(tokens, vocab, logit_bytes=temporaries)) \
         if form == "recompute" else \

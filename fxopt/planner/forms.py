@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from fxopt.planner.hardware import HardwareProfile
 
 __all__ = ["Prediction", "Work", "cell_loop_work", "gpt2_parts", "gpt2_work",
-           "linear_cross_entropy_work", "lstm_lm_work", "offload_step_seconds", "predict",
-           "quantization", "rate", "rnn_call_work"]
+           "head_gemm_kind", "linear_cross_entropy_work", "lstm_lm_work",
+           "offload_step_seconds", "predict", "quantization", "rate", "rnn_call_work"]
 
 GATES = {"lstm": 4, "gru": 3}
 
@@ -271,6 +271,16 @@ GPT2_INDUCTOR_LOSS = dict(head=2, max_and_sum=2, backward=2 + 2)
 PARAM_BYTES = 6 + 6
 
 
+def head_gemm_kind(vocab: int, itemsize: int) -> str:
+    """The rate kind of an LM head's GEMMs, whose rows of logits (or their gradient) are
+    ``vocab`` entries of ``itemsize`` bytes: fp32 GEMMs for 4 bytes; else bf16, at the
+    unaligned rate where a row is not a multiple of 16 bytes (the hardware profile's note:
+    no TMA descriptor)."""
+    if itemsize == 4:
+        return "float32"
+    return "bfloat16" if vocab * itemsize % 16 == 0 else "bfloat16_unaligned"
+
+
 def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
                form: str) -> dict[str, Work]:
     """One training step of transformers' GPT-2 (dropout on, bf16 autocast, the model's own
@@ -289,14 +299,13 @@ def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
     - "launches": the host's, per block.
     """
     tokens = batch * seq
-    aligned = vocab * 2 % 16 == 0
     gemms = []
     for width_in, width_out in ((hidden, 3 * hidden), (hidden, hidden),
                                 (hidden, 4 * hidden), (4 * hidden, hidden)):
         gemms += [("bfloat16", tokens, width_out, width_in, layers),
                   ("bfloat16", tokens, width_in, width_out, layers),
                   ("bfloat16", width_in, width_out, tokens, layers)]
-    head = "bfloat16" if aligned else "bfloat16_unaligned"
+    head = head_gemm_kind(vocab, 2)
     attention = layers * 2.0 * batch * seq * seq * hidden
     block = GPT2_EAGER_BLOCK if form == "eager" else GPT2_INDUCTOR_BLOCK
     loss = GPT2_EAGER_LOSS if form == "eager" else GPT2_INDUCTOR_LOSS
@@ -342,19 +351,17 @@ def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, p
     """One forward and backward of fuse_linear_cross_entropy's op in ``form``
     ("recompute": ``pieces`` vocabulary blocks, the logits made twice; "with_grads":
     ``pieces`` chunks of token rows, the gradients made in the forward), the head's
-    compute dtype ``itemsize`` bytes (4: fp32 GEMMs; else bf16, at the unaligned rate
-    where a row of logits is not a multiple of 16 bytes, as :func:`gpt2_parts`).
+    compute dtype ``itemsize`` bytes (:func:`head_gemm_kind`).
 
     GEMMs: the logits once per pass over them, and the wanted gradients' (2 x tokens x
     hidden x vocab each). Bytes per logit: per pass the logits written and read (2 x
     itemsize); the gradient read from them and written in the compute dtype (2 x itemsize:
-    the Triton kernel's one pass). The accumulated gradient each piece adds to, in fp32 (h's over
-    the vocabulary blocks, W's over the token chunks): read and written by the GEMM that adds
-    to it (8 bytes an entry), or, where a half GEMM cannot (not ``fused_accumulate``),
-    its fp32 product written and then added (16).
+    the Triton kernel's one pass). The accumulated gradient each piece adds to, in fp32 (h's
+    over the vocabulary blocks, W's over the token chunks): read and written by the GEMM
+    that adds to it (8 bytes an entry), or, where a half GEMM cannot (not
+    ``fused_accumulate``), its fp32 product written and then added (16).
     Host: 8 launches a piece."""
-    compute = "float32" if itemsize == 4 else (
-        "bfloat16" if vocab * itemsize % 16 == 0 else "bfloat16_unaligned")
+    compute = head_gemm_kind(vocab, itemsize)
     gemm = 2.0 * tokens * hidden * vocab
     wanted = grad_h + grad_weight
     logits = tokens * vocab
