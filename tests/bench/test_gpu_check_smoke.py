@@ -14,7 +14,7 @@ import pytest
 from fxopt.bench.table import Case, Row, markdown_tables, run_cases
 
 REPO = pathlib.Path(__file__).parents[2]
-SMOKE = ["eager", "fxopt defaults", "fuse_rnn=True (auto", "cpu_fraction=0.5"]
+SMOKE = ["eager", "fxopt defaults", "fuse_rnn=True (auto", "cpu_fraction=0.5", "LM head"]
 
 
 def _env():
@@ -33,7 +33,7 @@ def test_tiny_gpu_check_runs_every_section_and_writes_the_table(tmp_path):
     text = (tmp_path / "gpu_check_cpu-tiny.md").read_text()
     for needle in ("torch 2.", "triton ", "transformers ", "fxopt at ", "Command: `",
                    "--tiny", "## GPT-2", "## nn.LSTM LM", "## LSTMCell loop",
-                   "## Offloaded optimizer", "Progress: "):
+                   "## Offloaded optimizer", "## GEMMs", "TFLOP/s", "Progress: "):
         assert needle in text, needle
     rows = [line for line in text.splitlines() if line.startswith("| ")
             and not line.startswith("| configuration")]
