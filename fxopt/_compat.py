@@ -33,7 +33,8 @@ __all__ = [
     "fake_mode_of", "graph_break_counts", "inductor_compile", "inductor_decompositions",
     "inductor_graph_context", "inductor_inference_passes", "inductor_partition",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
-    "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "size_hint", "tree_flatten",
+    "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "queue_backward_callback",
+    "size_hint", "tree_flatten",
     "tree_leaves", "tree_map",
 ]
 
@@ -45,6 +46,12 @@ NN_GELU = torch._C._nn.gelu
 def is_op_overload(target: Any) -> bool:
     """Whether a call_function target is an op overload (``aten.mm.default``, ``fxopt::*``)."""
     return isinstance(target, torch._ops.OpOverload)
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the running backward pass has finished (every node and hook
+    of it, as DistributedDataParallel's reducer does); call it from inside that pass."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 def call_kernel(op: Any, device_type: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -65,7 +65,7 @@ class PassRecord:
     @property
     def fired(self) -> bool:
         """True when the pass ran and changed the graph, or ran and reported a plan (an
-        annotation pass such as offload_optimizer plans without changing a node)."""
+        annotation pass plans without changing a node)."""
         return self.status == "changed" or (self.ran and self.stats.get("plan") is not None)
 
 

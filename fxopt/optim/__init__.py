@@ -14,7 +14,9 @@ copies overlap. The parts:
   :mod:`~fxopt.optim.offload_plan`;
 - :mod:`~fxopt.optim.runtime`: :class:`OffloadedOptimizer`, a ``torch.optim.Optimizer`` that
   executes a plan and stays checkpoint-compatible with the optimizer it wraps, with its host
-  thread in :mod:`~fxopt.optim.worker` and its staged updates in :mod:`~fxopt.optim.staging`;
+  thread in :mod:`~fxopt.optim.worker`, its staged updates in :mod:`~fxopt.optim.staging`
+  and its gradients' copies to the host in :mod:`~fxopt.optim.host_grads`, started where
+  the compiled backward produces each gradient (:mod:`~fxopt.optim.grad_ready`);
 - :mod:`~fxopt.optim.link`: :func:`offload`, which finds the gradient order (the plan the
   ``offload_optimizer`` pass recorded, or the parameters' order) and builds the wrapper.
 """

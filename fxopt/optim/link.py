@@ -9,7 +9,9 @@
    gradient is and when it is produced; outputs are matched to parameters through the names
    Dynamo gives its inputs (``l_self_modules_fc1_parameters_weight_`` is ``fc1.weight``), so
    the model is needed as well (``model=``, compiled or not). Graphs' backwards run last
-   graph first; parameters no graph recorded (unused, or not matched) come last;
+   graph first; parameters no graph recorded (unused, or not matched) come last. The same
+   records name the ``fxopt::grad_ready`` calls that announce each gradient
+   (:func:`gradient_sources`), which the runtime listens to;
 3. a model, or nothing: the optimizer's parameters in reverse order, as DDP assumes (a
    model's last layers get their gradients first).
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -36,7 +38,7 @@ from fxopt.optim.runtime import (
 )
 from fxopt.planner.hardware import HardwareProfile, profile_for
 
-__all__ = ["offload", "gradient_order", "match_graph_inputs"]
+__all__ = ["offload", "gradient_order", "gradient_sources", "match_graph_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +63,15 @@ def match_graph_inputs(names: list[str], model: torch.nn.Module) -> dict[int, to
     return matched
 
 
-def gradient_order(backend: Any, model: torch.nn.Module,
-                   params: list[torch.Tensor]) -> list[tuple[int, float]]:
-    """(optimizer index, seconds before its backward ends) in gradient-ready order, from the
-    records the ``offload_optimizer`` pass left on ``backend``'s compiled graphs."""
+def _recorded_gradients(backend: Any, model: torch.nn.Module, params: list[torch.Tensor]
+                        ) -> Iterator[tuple[int, dict[str, Any], int | None]]:
+    """(optimizer index, the pass's gradient record, the graph's id for ``grad_ready``) of
+    each gradient the ``offload_optimizer`` pass recorded on ``backend``'s compiled graphs,
+    last graph first (its backward runs first); a parameter used by two graphs comes
+    twice."""
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module wraps it
     index = {id(p): i for i, p in enumerate(params)}
-    order: list[tuple[int, float]] = []
-    seen: set[int] = set()
-    for record in reversed(backend.graphs):  # the last graph's backward runs first
+    for record in reversed(backend.graphs):
         fired = [r for r in record.pass_records("offload_optimizer") if "gradients" in r.stats]
         dynamo = record.graphs.get("dynamo")
         if not fired or dynamo is None:
@@ -78,9 +80,31 @@ def gradient_order(backend: Any, model: torch.nn.Module,
         inputs = match_graph_inputs(names, model)
         for grad in fired[-1].stats["gradients"]:
             p = inputs.get(grad["input"])
-            if p is not None and id(p) in index and index[id(p)] not in seen:
-                seen.add(index[id(p)])
-                order.append((index[id(p)], grad["ready_seconds"]))
+            if p is not None and id(p) in index:
+                yield index[id(p)], grad, fired[-1].stats.get("graph_id")
+
+
+def gradient_sources(backend: Any, model: torch.nn.Module,
+                     params: list[torch.Tensor]) -> dict[int, list[tuple[int, int]]]:
+    """Optimizer index -> the (graph id, input) pairs whose ``fxopt::grad_ready`` calls
+    announce its gradient (:mod:`fxopt.optim.grad_ready`)."""
+    sources: dict[int, list[tuple[int, int]]] = {}
+    for i, grad, graph_id in _recorded_gradients(backend, model, params):
+        if graph_id is not None:
+            sources.setdefault(i, []).append((graph_id, grad["input"]))
+    return sources
+
+
+def gradient_order(backend: Any, model: torch.nn.Module,
+                   params: list[torch.Tensor]) -> list[tuple[int, float]]:
+    """(optimizer index, seconds before its backward ends) in gradient-ready order, from the
+    records the ``offload_optimizer`` pass left on ``backend``'s compiled graphs."""
+    order: list[tuple[int, float]] = []
+    seen: set[int] = set()
+    for i, grad, _ in _recorded_gradients(backend, model, params):
+        if i not in seen:
+            seen.add(i)
+            order.append((i, grad["ready_seconds"]))
     missing = [i for i in reversed(range(len(params))) if i not in seen]
     if missing:
         log.info("fxopt.optim: %d of %d parameters have no recorded gradient order (unused "
@@ -129,6 +153,7 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if not params:
         raise ValueError("fxopt.optim.offload: the optimizer has no parameters")
+    sources = None
     if source is None or isinstance(source, torch.nn.Module):
         order = [(i, 0.0) for i in reversed(range(len(params)))]
     elif hasattr(source, "graphs") and callable(source):  # an fxopt.Backend
@@ -136,6 +161,7 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
             raise TypeError("fxopt.optim.offload: with a Backend, pass the model too "
                             "(model=...), to name the compiled graphs' inputs")
         order = gradient_order(source, model, params)
+        sources = gradient_sources(source, model, params)
         if all(v is None for v in planning.values()):
             planning = _recorded_options(source) or planning
     else:
@@ -160,4 +186,4 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
         log.warning("fxopt.optim.offload: %s", plan.summary())
     else:
         log.info("fxopt.optim.offload: %s", plan.summary())
-    return OffloadedOptimizer(optimizer, plan)
+    return OffloadedOptimizer(optimizer, plan, sources)

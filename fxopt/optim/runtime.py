@@ -9,10 +9,9 @@ an :class:`~fxopt.optim.model.OffloadPlan`:
   between steps and is copied through two device staging buffers for its update
   (:mod:`fxopt.optim.staging`, Deep Optimizer States' staged device updates);
 - a "cpu" subgroup keeps fp32 master weights and the optimizer state in (pinned) host
-  memory. Each gradient is copied to the host as soon as autograd has accumulated it
-  (``register_post_accumulate_grad_hook``, on a side stream on CUDA), so the copies overlap
-  the rest of the backward; ``step()`` re-copies a gradient changed since (gradient
-  clipping scales gradients in place, which the version counter shows). The update is one
+  memory. Each gradient is copied to the host (on a side stream on CUDA) where the compiled
+  backward produces it, or else when autograd has accumulated it, so the copies overlap the
+  backward (:mod:`fxopt.optim.host_grads`). The update is one
   vectorised call per subgroup (the optimizer's own ``fused=True`` CPU kernel, all threads),
   then the parameters are downcast on the host (bf16/fp16 models) and copied back.
 
@@ -45,12 +44,13 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from fxopt.optim.host_grads import GradientCopies, HostParam
 from fxopt.optim.model import OffloadPlan
 from fxopt.optim.staging import Staging
 from fxopt.optim.worker import HostWorker, release
@@ -98,27 +98,13 @@ def counter_bytes(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
 
 
 @dataclass
-class _HostParam:
-    """A "cpu" parameter's host side: fp32 master (``.grad`` is the fp32 gradient) and a
-    pinned buffer in the parameter's dtype (gradient in, downcast parameter out)."""
-
-    param: torch.Tensor
-    master: torch.Tensor
-    staging: torch.Tensor
-    fresh_grad: Any = None        # the device gradient the staging buffer holds a copy of
-    fresh_version: int = -1
-    # (version, data_ptr) of the parameter when it last agreed with ``master``; None: check
-    synced: tuple[int, int] | None = None
-
-
-@dataclass
 class _Subgroup:
     placement: str
     indices: list[int]                       # flat parameter indices (state_dict order)
     user_groups: list[int]                   # the user group of each internal group
     optimizer: torch.optim.Optimizer
     tensors: list[torch.Tensor]              # what the internal optimizer updates, per index
-    host: list[_HostParam] = field(default_factory=list)
+    host: list[HostParam] = field(default_factory=list)
     copied: Any = None                       # CUDA event: the copies back have been queued
     parked: list[set[str]] = field(default_factory=list)  # "staged": keys on the host
 
@@ -165,7 +151,7 @@ def _warn_if_rounded_by_plain_load(saved: dict[str, Any],
 
 
 @torch.no_grad()
-def _master_differs(hp: _HostParam) -> bool:
+def _master_differs(hp: HostParam) -> bool:
     """Whether the master holds more than its parameter (fp32 bits the parameter's dtype
     rounded away)."""
     return not torch.equal(hp.master, hp.param.detach().to(hp.master.device, torch.float32))
@@ -180,9 +166,12 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     Build it with :func:`fxopt.optim.offload`. ``plan`` keys are indices into the
     optimizer's parameters in ``state_dict`` order; every parameter is in one subgroup.
+    ``sources``: per index, the (graph id, input) pairs whose ``fxopt::grad_ready`` calls
+    announce that parameter's gradient (:func:`fxopt.optim.link.gradient_sources`).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, plan: OffloadPlan) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, plan: OffloadPlan,
+                 sources: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> None:
         check_optimizer(optimizer)
         flat = _flat_params(optimizer)
         keys = [k for s in plan.subgroups for k in s.params]
@@ -208,8 +197,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._subgroups = [self._build(s.placement, list(s.params)) for s in plan.subgroups]
         self._staging = self._staging_buffers(optimizer)
         self._host = {i: hp for sg in self._subgroups for i, hp in zip(sg.indices, sg.host)}
-        self._hooks = [hp.param.register_post_accumulate_grad_hook(self._make_hook(i))
-                       for i, hp in self._host.items()]
+        self._grads = GradientCopies(self._host, self._streams[0] if self._streams else None,
+                                     sources)
+        self._hooks = self._grads.handles
         # Neither the hooks nor the worker hold this optimizer (see fxopt.optim.worker):
         # when it is collected, this removes the hooks and stops the thread.
         self._release = weakref.finalize(self, release, self._hooks, self._worker)
@@ -226,7 +216,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         by_group: dict[int, list[int]] = {}
         for i in indices:
             by_group.setdefault(self._flat[i][0], []).append(i)
-        host: list[_HostParam] = []
+        host: list[HostParam] = []
         tensors: dict[int, torch.Tensor] = {}  # what the internal optimizer updates
         groups = []
         for g, members in by_group.items():
@@ -267,11 +257,11 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         device = staged[0].tensors[0].device
         return Staging(device, largest, min(2, len(staged)), self._pin)
 
-    def _host_param(self, p: torch.Tensor) -> _HostParam:
+    def _host_param(self, p: torch.Tensor) -> HostParam:
         master = torch.empty(p.shape, dtype=torch.float32, pin_memory=self._pin)
         master.copy_(p.detach())
         staging = torch.empty(p.shape, dtype=p.dtype, pin_memory=self._pin)
-        return _HostParam(param=p, master=master, staging=staging, synced=_fingerprint(p))
+        return HostParam(param=p, master=master, staging=staging, synced=_fingerprint(p))
 
     def _hyperparameters(self, g: int, placement: str) -> dict[str, Any]:
         settings = {k: v for k, v in self.param_groups[g].items() if k != "params"}
@@ -290,44 +280,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     # ---------------------------------------------------------------- gradients
 
-    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        # A weak reference: the parameter keeps its hooks where Python's cycle collector
-        # cannot see them, so a strong one would keep this optimizer and the model alive.
-        owner = weakref.ref(self)
-
-        def grad_ready(param: torch.Tensor) -> None:
-            optimizer = owner()
-            if optimizer is not None and not optimizer._closed:
-                optimizer._copy_grad_to_host(optimizer._host[index])
-        return grad_ready
-
-    def _copy_grad_to_host(self, hp: _HostParam) -> None:
-        grad = hp.param.grad
-        if grad is None:
-            return
-        if self._streams is not None:
-            d2h = self._streams[0]
-            d2h.wait_stream(torch.cuda.current_stream(grad.device))
-            with torch.cuda.stream(d2h):
-                hp.staging.copy_(grad.detach(), non_blocking=True)
-            grad.record_stream(d2h)
-        else:
-            hp.staging.copy_(grad.detach())
-        hp.fresh_grad, hp.fresh_version = grad, grad._version
-
-    def _refresh_grads(self, sg: _Subgroup) -> None:
-        """Copy again a gradient that changed since its hook copied it (e.g. clipped in
-        place), or that no hook copied; on the calling thread's stream."""
-        for hp in sg.host:
-            grad = hp.param.grad
-            if grad is not None and (hp.fresh_grad is not grad
-                                     or hp.fresh_version != grad._version):
-                self._copy_grad_to_host(hp)
-
     def _host_grads_ready(self, sg: _Subgroup) -> None:
         """Make each master's ``.grad`` the device gradient (None where that is None)."""
-        if self._streams is not None:
-            self._streams[0].synchronize()
+        self._grads.wait()
         for hp in sg.host:
             if hp.param.grad is None:
                 hp.master.grad = None
@@ -351,7 +306,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     @torch.no_grad()
-    def _follow_one(hp: _HostParam) -> None:
+    def _follow_one(hp: HostParam) -> None:
         now = _fingerprint(hp.param)
         if hp.synced == now:
             return
@@ -410,7 +365,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         staged = [sg for sg in self._subgroups if sg.placement == "staged"]
         for sg in host:
             self._follow_parameters(sg)
-            self._refresh_grads(sg)
+            self._grads.refresh(sg.host)
         if self._streams is None:  # a CPU device: one update after another, on its cores
             for sg in self._subgroups:
                 if sg.placement == "cpu":
@@ -499,7 +454,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                 self._staging.wait()
 
     @staticmethod
-    def _load_master(hp: _HostParam, master: torch.Tensor) -> None:
+    def _load_master(hp: HostParam, master: torch.Tensor) -> None:
         """Take a checkpoint's fp32 master; the next step checks it against the parameter
         (loaded before or after it), which wins where they disagree."""
         if master.dtype != torch.float32:
@@ -559,7 +514,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._release()
         if self._staging is not None:
             self._staging.wait()
-        self._subgroups, self._host, self._staging = [], {}, None
+        self._subgroups, self._host, self._staging, self._grads = [], {}, None, None
 
     @property
     def closed(self) -> bool:

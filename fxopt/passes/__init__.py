@@ -95,7 +95,8 @@ PIPELINE: list[PassSpec] = [
     PassSpec(
         name="offload_optimizer", flag="offload_optimizer", stages=(Stage.BACKWARD,),
         run=offload_optimizer,
-        default_text="off (records the plan fxopt.optim.offload uses; never edits the graph)",
+        default_text="off (records the plan fxopt.optim.offload uses; adds only a "
+                     "grad_ready call after each gradient)",
         description="optimizer state of some parameter groups on the CPU (Deep Optimizer States)"),
 ]
 

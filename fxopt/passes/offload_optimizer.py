@@ -1,20 +1,26 @@
-"""offload_optimizer: record the gradient-ready order and plan where the optimizer updates.
+"""offload_optimizer: record the gradient-ready order, plan where the optimizer updates, and
+announce each gradient where the backward produces it.
 
-The optimizer step is not in the captured graph, so this pass only reads: in the partitioned
-backward graph, output ``i`` is the gradient of forward input ``i`` (parameters among them),
-and the node that produces it says when it becomes ready. The pass records, in ready order,
-each gradient's input position, size and dtype, and the backward's remaining roofline time
-after it (``ready_seconds``, on the device's :class:`~fxopt.planner.HardwareProfile`), then
-runs the Deep Optimizer States model (:func:`fxopt.optim.plan_offload`) on size-balanced
-subgroups and returns the plan as ``stats["plan"]`` (explain and the debug dump show it).
+The optimizer step is not in the captured graph. In the partitioned backward graph, output
+``i`` is the gradient of forward input ``i`` (parameters among them), and the node that
+produces it says when it becomes ready. The pass records, in ready order, each gradient's
+input position, size and dtype, and the backward's remaining roofline time after it
+(``ready_seconds``, on the device's :class:`~fxopt.planner.HardwareProfile`), then runs the
+Deep Optimizer States model (:func:`fxopt.optim.plan_offload`) on size-balanced subgroups
+and returns the plan as ``stats["plan"]`` (explain and the debug dump show it).
 
-It never changes the graph (``modified=False``; the runner reports it "unchanged" and counts
-it as fired because it returns a plan). The runtime,
-``fxopt.optim.offload(optimizer, backend, model=model)``, reads these records to order the
-optimizer's parameters (keys here are graph input positions, not yet parameters: which
-inputs are parameters is known where the model is). Budget: on a device with a known
-capacity, what the predicted step peak leaves of 90% of it; otherwise none (everything on
-the device, the fastest placement).
+It also puts ``fxopt::grad_ready(grad, graph id, input)`` right after each gradient's
+producing node (:mod:`fxopt.optim.grad_ready`): a compiled backward hands its gradients to
+autograd only when it ends, so without these calls an offloaded optimizer could start no
+gradient's copy to the host before the whole graph's backward had run, and the overlap the
+plan's ``ready_seconds`` count on would not exist. The call does nothing unless an
+offloaded optimizer listens. The graph id is ``stats["graph_id"]``.
+
+The runtime, ``fxopt.optim.offload(optimizer, backend, model=model)``, reads these records
+to order the optimizer's parameters and to listen (keys here are graph input positions, not
+yet parameters: which inputs are parameters is known where the model is). Budget: on a
+device with a known capacity, what the predicted step peak leaves of 90% of it; otherwise
+none (everything on the device, the fastest placement).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch
 import torch.fx as fx
 
 from fxopt.analysis.cost import node_cost
+from fxopt.optim.grad_ready import GRAD_READY, new_graph_id
 from fxopt.optim.link import DEFAULT_SUBGROUPS
 from fxopt.optim.model import ParamInfo, plan_offload, split_subgroups
 from fxopt.passes.base import PassContext, PassResult, Verdicts
@@ -76,6 +83,28 @@ def gradient_outputs(gm: fx.GraphModule, hardware: HardwareProfile) -> list[dict
     return found
 
 
+def _announce_gradients(gm: fx.GraphModule, gradients: list[dict[str, Any]],
+                        graph_id: int) -> int:
+    """Put ``fxopt::grad_ready(grad, graph_id, input)`` right after each gradient's
+    producing node; returns how many. A gradient that is a graph input (a tangent passed
+    through) is ready when the backward starts and is not announced: declaring a mutation
+    of a graph input would make Inductor copy it back."""
+    nodes = {node.name: node for node in gm.graph.nodes}
+    announced = 0
+    for grad in gradients:
+        node = nodes[grad["node"]]
+        if node.op == "placeholder":
+            continue
+        with gm.graph.inserting_after(node):
+            call = gm.graph.call_function(GRAD_READY,
+                                          (node, graph_id, grad["input"]))
+        call.meta["val"] = None
+        announced += 1
+    if announced:
+        gm.recompile()
+    return announced
+
+
 def _budget(gm: fx.GraphModule, ctx: PassContext, hardware: HardwareProfile) -> int | None:
     if hardware.memory_capacity is None or hardware.host_device_bandwidth is None:
         return None
@@ -98,10 +127,13 @@ def offload_optimizer(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     log.info("fxopt: offload_optimizer on %s: %d gradients, %d subgroups, %.0f%% on the CPU, "
              "predicted optimizer step %.3g ms", ctx.graph_name, len(gradients),
              len(plan.subgroups), 100 * plan.cpu_share, plan.predicted_seconds * 1e3)
+    graph_id = new_graph_id()
+    announced = _announce_gradients(gm, gradients, graph_id)
     verdicts = Verdicts()
     verdicts.match("gradient", count=len(gradients))  # each in the plan's subgroups
-    return PassResult(gm, False, verdicts, {
-        "gradients": gradients, "subgroups": len(plan.subgroups),
+    return PassResult(gm, announced > 0, verdicts, {
+        "gradients": gradients, "graph_id": graph_id, "announced": announced,
+        "subgroups": len(plan.subgroups),
         "cpu_share": round(plan.cpu_share, 3),
         "predicted_ms": round(plan.predicted_seconds * 1e3, 4),
         "host_keeps_up": plan.keeps_up(), "plan": plan.to_dict()})

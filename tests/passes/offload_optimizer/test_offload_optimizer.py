@@ -1,7 +1,8 @@
-"""The offload_optimizer pass: it fires on the backward graph without changing it (outputs and
-gradients equal eager), records every gradient in ready order with its size, plans, shows the
-plan in explain and the debug dump, and the runtime reads it to train a compiled model (a
-tiny Llama too) with the same trajectory as the plain optimizer."""
+"""The offload_optimizer pass: it fires on the backward graph, adding only a
+``fxopt::grad_ready`` call after each gradient's producer (outputs and gradients equal
+eager), records every gradient in ready order with its size, plans, shows the plan in
+explain and the debug dump, and the runtime reads it to train a compiled model (a tiny
+Llama too) with the same trajectory as the plain optimizer."""
 
 import copy
 import json
@@ -13,6 +14,7 @@ from test_compiler import WithGraphBreak
 
 import fxopt
 from fxopt.optim import OffloadPlan, offload
+from fxopt.optim.grad_ready import GRAD_READY
 from fxopt.optim.link import gradient_order, match_graph_inputs
 from fxopt.testing import assert_same_as_eager
 
@@ -24,13 +26,21 @@ def _record(graphs):
     return record
 
 
-def test_fires_without_changing_the_graph_and_records_every_gradient():
+def test_fires_announces_each_gradient_after_its_producer_and_records_every_gradient():
     model = ConvNet()
     comparison = assert_same_as_eager(model, (torch.randn(2, 3, 12, 12),), OFFLOAD)
     record = _record(comparison.graphs)
-    assert record.status == "unchanged" and record.fired
-    assert record.nodes_before == record.nodes_after
+    assert record.status == "changed" and record.fired
     gradients = record.stats["gradients"]
+    # one fxopt::grad_ready(grad, graph id, input) right after each gradient's producer
+    assert record.stats["announced"] == len(gradients)
+    assert record.nodes_after == record.nodes_before + len(gradients)
+    backward = comparison.graphs[0].graphs["backward"].graph
+    calls = [n for n in backward.nodes if n.target is GRAD_READY]
+    assert sorted((n.args[0].name, n.args[2]) for n in calls) == sorted(
+        (g["node"], g["input"]) for g in gradients)
+    assert {n.args[1] for n in calls} == {record.stats["graph_id"]}
+    assert all(n.prev is n.args[0] or n.prev.target is GRAD_READY for n in calls)
     assert sorted(g["numel"] for g in gradients) == sorted(p.numel() for p in model.parameters())
     assert [g["ready"] for g in gradients] == list(range(len(gradients)))
     positions = [g["position"] for g in gradients]

@@ -1,0 +1,161 @@
+"""The way of a host-updated parameter's gradient to the host: :class:`HostParam` (the
+parameter's host side) and :class:`GradientCopies` (when each gradient is copied).
+
+A gradient is copied into its parameter's staging buffer (on a side stream on CUDA, at once
+on a CPU device):
+
+- where the compiled backward produces it, announced by the ``offload_optimizer`` pass's
+  ``fxopt::grad_ready`` call (:mod:`fxopt.optim.grad_ready`), so the copy overlaps the rest
+  of that graph's backward: a compiled graph hands its gradients to autograd only at its
+  end;
+- else when autograd has accumulated it (``register_post_accumulate_grad_hook``). The hook
+  first checks that the ``.grad`` it accumulated is the tensor announced (autograd took it),
+  and copies where it is not: a gradient added into an existing ``.grad`` (micro-batch
+  accumulation, ``zero_grad(set_to_none=False)``), one autograd copied, one of a parameter
+  two graphs use (autograd sums their contributions after both, so it is not announced),
+  a graph compiled after the optimizer was built, a model the pass never saw;
+- again at ``step()`` where it changed since (gradient clipping scales in place, which the
+  version counter shows).
+
+Neither the hooks nor the listeners hold the :class:`GradientCopies` (or anything holding
+the parameters): a parameter keeps its hooks in C++, out of the cycle collector's sight
+(see :mod:`fxopt.optim.worker`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fxopt import _compat
+from fxopt.optim.grad_ready import listen
+
+__all__ = ["GradientCopies", "HostParam"]
+
+
+@dataclass
+class HostParam:
+    """A "cpu" parameter's host side: fp32 master (``.grad`` is the fp32 gradient) and a
+    pinned buffer in the parameter's dtype (gradient in, downcast parameter out)."""
+
+    param: torch.Tensor
+    master: torch.Tensor
+    staging: torch.Tensor
+    fresh_grad: Any = None        # the device gradient the staging buffer holds a copy of
+    fresh_version: int = -1
+    # where the gradient copied at its grad_ready call lives (_layout), until autograd's
+    # hook checks that it is the gradient it accumulated; never the tensor itself, whose
+    # extra reference would make autograd copy it instead of taking it as .grad
+    announced: tuple[Any, ...] | None = None
+    # (version, data_ptr) of the parameter when it last agreed with ``master``; None: check
+    synced: tuple[int, int] | None = None
+
+
+def _layout(grad: torch.Tensor) -> tuple[Any, ...]:
+    """Where a gradient's data lives. Within one backward pass, equal for the tensor a
+    ``grad_ready`` call saw and the ``.grad`` autograd made of it exactly when autograd
+    took that tensor: a copy is a new allocation while the original is still alive, so its
+    address differs (a new ``.grad`` object is made either way, so identity cannot tell)."""
+    return (grad.device, grad.untyped_storage().data_ptr(), grad.storage_offset(),
+            tuple(grad.shape), grad.stride(), grad.dtype)
+
+
+class GradientCopies:
+    """The gradient copies of the host parameters ``host`` (optimizer index -> its host
+    side) on ``stream`` (None: a CPU device). ``sources``: per index, the (graph id,
+    input) pairs of its ``grad_ready`` calls. ``handles``: the hooks' and listeners'
+    handles, which :func:`fxopt.optim.worker.release` removes."""
+
+    def __init__(self, host: Mapping[int, HostParam], stream: Any,
+                 sources: Mapping[int, Sequence[tuple[int, int]]] | None) -> None:
+        self._host, self._stream = host, stream
+        self._forget_queued = False
+        owner = weakref.ref(self)
+        self.handles: list[Any] = [
+            hp.param.register_post_accumulate_grad_hook(_on_accumulated(owner, i))
+            for i, hp in host.items()]
+        # a parameter two graphs use gets one gradient, their sum, after both backwards
+        # (autograd adds the contributions before accumulating): only its hook can copy it
+        self.handles += [listen(sources[i], _on_announced(owner, i))
+                         for i in host if sources and len(sources.get(i, ())) == 1]
+
+    def copy(self, hp: HostParam) -> None:
+        """Copy ``hp``'s current ``.grad`` (if any) and remember which tensor it was."""
+        grad = hp.param.grad
+        if grad is None:
+            return
+        self.start(hp, grad)
+        hp.fresh_grad, hp.fresh_version = grad, grad._version
+
+    def start(self, hp: HostParam, grad: torch.Tensor) -> None:
+        """Copy ``grad`` into ``hp``'s staging buffer: queued on the copy stream after
+        everything queued so far on CUDA, at once on a CPU device."""
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(grad.device))
+            with torch.cuda.stream(self._stream):
+                hp.staging.copy_(grad.detach(), non_blocking=True)
+            grad.record_stream(self._stream)
+        else:
+            hp.staging.copy_(grad.detach())
+
+    def refresh(self, host: Iterable[HostParam]) -> None:
+        """Copy again a gradient that changed since it was copied (e.g. clipped in place),
+        or that nothing copied; on the calling thread's stream."""
+        for hp in host:
+            grad = hp.param.grad
+            if grad is not None and (hp.fresh_grad is not grad
+                                     or hp.fresh_version != grad._version):
+                self.copy(hp)
+
+    def wait(self) -> None:
+        """Block until every queued copy has landed in its staging buffer."""
+        if self._stream is not None:
+            self._stream.synchronize()
+
+    def accumulated(self, index: int) -> None:
+        hp = self._host[index]
+        announced, hp.announced = hp.announced, None
+        grad = hp.param.grad
+        if grad is not None and announced is not None and _layout(grad) == announced:
+            hp.fresh_grad, hp.fresh_version = grad, grad._version  # already copying
+        else:
+            self.copy(hp)
+
+    def announced(self, index: int, grad: torch.Tensor) -> None:
+        hp = self._host[index]
+        if hp.param.grad is not None:
+            # autograd will add this into the existing .grad: the hook copies the sum
+            hp.announced = None
+            return
+        self.start(hp, grad)
+        hp.announced = _layout(grad)
+        if not self._forget_queued:
+            # an announcement holds for this backward only: in a later one another tensor
+            # may have the same address
+            self._forget_queued = True
+            _compat.queue_backward_callback(self._forget_announced)
+
+    def _forget_announced(self) -> None:
+        self._forget_queued = False
+        for hp in self._host.values():
+            hp.announced = None
+
+
+def _on_accumulated(owner: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:
+    def grad_accumulated(param: torch.Tensor) -> None:
+        copies = owner()
+        if copies is not None:
+            copies.accumulated(index)
+    return grad_accumulated
+
+
+def _on_announced(owner: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:
+    def grad_produced(grad: torch.Tensor) -> None:
+        copies = owner()
+        if copies is not None:
+            copies.announced(index, grad)
+    return grad_produced
