@@ -8,15 +8,14 @@ it saves a launch and a memory round trip per pointwise op.
 
 "auto" takes Inductor, on the CPU and on CUDA, with or without a budget: a fraction is met
 by Inductor's budgeted min-cut (:mod:`fxopt.passes.swap_recompute.inductor_budget`), a
-byte budget's plan is applied as recompute tags min-cut honours and swaps with blocking
-copies, bounded by the memory simulation's model of Inductor's buffers
+byte budget's plan is applied as recompute tags min-cut honours and swaps whose copies
+overlap compute as under fx (:mod:`fxopt.runtime.swap`), bounded by the memory
+simulation's model of Inductor's buffers
 (:func:`fxopt.analysis.memory.inductor_buffers`), tempo inserts its aten-only forms, and
 ``fxopt plan`` captures with the generator compilation resolves, so a saved plan replays
 there. Each reason names the results file that measured the choice. fx stays where it is
-asked for: ``codegen="fx"`` (debugging, fast compiles), ``fuse_elementwise=True`` (its
-kernels run only there) and, on the CPU, ``force_swap`` (a testing knob that exercises
-the swap runtime's copy stream, which only fx code waits on; on CUDA it runs under
-Inductor with blocking copies).
+asked for: ``codegen="fx"`` (debugging, fast compiles) and ``fuse_elementwise=True`` (its
+kernels run only there).
 """
 
 from __future__ import annotations
@@ -86,12 +85,6 @@ class Codegen:
     def runs_custom_ops_as_extern(self) -> bool:
         """Whether fxopt's custom ops run as opaque extern kernels inside generated code
         (Inductor) rather than as calls of the fx graph."""
-        return self._inductor
-
-    @property
-    def blocking_copies(self) -> bool:
-        """Whether a swap's copies must block: generated code does not wait on fxopt's
-        copy stream, so the planner offers only a blocking offload there."""
         return self._inductor
 
     @property
@@ -187,13 +180,8 @@ def _choose(options: Options, device: torch.device) -> tuple[str, str]:
         return "fx", ("auto: fuse_elementwise=True asks for fxopt's fused kernels, which "
                       "run under fx code generation (Inductor fuses on its own)")
     if device.type == "cuda":
-        swaps = ("; force_swap's swaps block there: generated code does not wait on fxopt's "
-                 "copy stream" if options.force_swap else "")
         return "inductor", (f"auto: on CUDA Inductor's fused kernels make the step faster "
-                            f"than fx's one kernel per op ({CUDA_EVIDENCE}){swaps}")
-    if options.force_swap:
-        return "fx", ("auto: force_swap exercises the swap runtime's copy stream, which "
-                      "only fx code waits on (under Inductor swaps block)")
+                            f"than fx's one kernel per op ({CUDA_EVIDENCE})")
     budget = options.memory_budget
     if budget is not None and budget.fraction is not None:
         if options.tempo in (True, "auto"):

@@ -137,8 +137,8 @@ class Options:
         "doc": "a plan JSON file (from `fxopt plan --save` or a debug_dir's "
                "*_swap_recompute.plan.json): replay its decisions instead of solving"})
     codegen: str = field(default="auto", metadata={
-        "doc": "'auto' (Inductor, except fx with fuse_elementwise=True and, on the CPU, "
-               "force_swap; explain says which and why), "
+        "doc": "'auto' (Inductor, except fx with fuse_elementwise=True; explain says "
+               "which and why), "
                "'fx' (fx Python calling aten ops and fxopt kernels) or 'inductor'"})
     strict: bool = field(default=False, metadata={
         "doc": "raise on a pass failure instead of warning and skipping that pass"})

@@ -30,7 +30,8 @@ def _no_silent_fallback(request):
 # codegen="auto" takes Inductor on the CPU (fxopt/codegen.py), whose compile takes 10-60 s
 # here against fx's 1-5: wherever a test leaves codegen unset it compiles with fx code
 # generation, so the suite stays within its time, except under a fraction memory_budget
-# without tempo or a saved plan (Inductor's budgeted min-cut, which those tests are about).
+# without tempo, a saved plan or force_swap (Inductor's budgeted min-cut, which those tests
+# are about).
 # The pin sits in the one resolution, so every caller (compilation, `fxopt plan`'s capture,
 # session-scoped fixtures built before any function fixture) sees it. A test of the default
 # as users get it is marked ``default_codegen``; one that names a code generator gets it.
@@ -41,8 +42,9 @@ _choose = fxopt.codegen._choose
 def _fx_on_the_cpu(options, device):
     name, reason = _choose(options, device)
     budget = options.memory_budget
+    # force_swap's fraction bounds the peak with fxopt's swap plan, not min-cut's bytes
     min_cut = (budget is not None and budget.fraction is not None and options.plan is None
-               and options.tempo not in (True, "auto"))
+               and options.tempo not in (True, "auto") and not options.force_swap)
     if (_PIN_FX_ON_THE_CPU["on"] and name == "inductor" and options.codegen == "auto"
             and device.type == "cpu" and not min_cut and not options.inductor_max_autotune):
         return "fx", "auto, pinned to fx on the CPU by tests/conftest.py"

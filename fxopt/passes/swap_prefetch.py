@@ -4,7 +4,9 @@ The joint-stage pass inserts each swap's ``fxopt::swap_prefetch_start`` with the
 node it must be issued before (as many steps ahead of the first use as the roofline says
 the copy needs). The partitioner may reorder the backward, so once the backward exists
 this pass moves each start back to that place
-(:func:`fxopt.passes.swap_recompute.apply.place_prefetches`). It is registered under
+(:func:`fxopt.passes.swap_recompute.apply.place_prefetches`), and pins each start and
+wait there by an ordering argument (``after``), which Inductor's scheduler, free to hoist
+a call whose inputs are ready, must respect. It is registered under
 swap_recompute's flag and default, so it runs whenever swap_recompute does, and leaves a
 backward without swaps unchanged.
 """
@@ -20,8 +22,10 @@ __all__ = ["swap_prefetch"]
 
 
 def swap_prefetch(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-    moved = place_prefetches(gm)
+    moved, pinned = place_prefetches(gm)
     verdicts = Verdicts()
     if moved:
         verdicts.match("prefetch_start_moved", count=moved)
-    return PassResult(gm, moved > 0, verdicts)
+    if pinned:
+        verdicts.match("prefetch_call_pinned", count=pinned)
+    return PassResult(gm, pinned > 0, verdicts)

@@ -16,7 +16,8 @@ has the compute time of every step (``step_seconds``) and a swap its link data (
 the step its offload is issued at, the step that waits for its prefetch), the chosen
 actions are priced together, by running the step on two resources: the compute stream
 (every step's compute, each recompute just before the step that first reads its tensor,
-the waits for prefetches) and one host link that copies in issue order, one copy at a
+the waits for offloads to finish and for prefetches) and one host link that copies in
+issue order, one copy at a
 time. So swaps that share the link queue behind each other instead of each being hidden
 as if it had the link alone, and a recompute placed while a prefetch is still copying
 fills that wait instead of adding to it. The added time is the simulated step's length
@@ -62,12 +63,12 @@ class ActivationChoice:
     seconds: float
     requires: tuple[str, ...] = ()
     # a swap's host link data (copy_seconds 0: none, priced by ``seconds`` alone): one
-    # copy's time each way, the step its offload is issued before, the step that waits
-    # for its prefetch (issued before ``window[1]``), and whether the offload blocks compute
+    # copy's time each way, the step its offload is issued before (compute waits for it
+    # before ``window[0]``), and the step that waits for its prefetch (issued before
+    # ``window[1]``)
     copy_seconds: float = 0.0
     offload_step: int = 0
     use_step: int = 0
-    blocking: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ def _overlapped_seconds(step_seconds: tuple[float, ...],
     steps = len(step_seconds)
     recompute = [0.0] * (steps + 1)
     offloads: dict[int, list[int]] = {}
+    finishes: dict[int, list[int]] = {}
     prefetches: dict[int, list[int]] = {}
     waits: dict[int, list[int]] = {}
     fixed = 0.0
@@ -198,6 +200,7 @@ def _overlapped_seconds(step_seconds: tuple[float, ...],
             recompute[c.window[1]] += c.seconds
         elif c.copy_seconds > 0:
             offloads.setdefault(c.offload_step, []).append(i)
+            finishes.setdefault(c.window[0], []).append(i)
             prefetches.setdefault(c.window[1], []).append(i)
             waits.setdefault(c.use_step, []).append(i)
         else:
@@ -209,8 +212,8 @@ def _overlapped_seconds(step_seconds: tuple[float, ...],
         for i in offloads.get(step, ()):
             link = max(clock, link) + chosen[i].copy_seconds
             offloaded[i] = link
-            if chosen[i].blocking:
-                clock = link
+        for i in finishes.get(step, ()):  # compute waits for the copy before the bytes free
+            clock = max(clock, offloaded[i])
         for i in prefetches.get(step, ()):
             link = max(clock, link, offloaded[i]) + chosen[i].copy_seconds
             fetched[i] = link

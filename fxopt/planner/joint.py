@@ -25,11 +25,12 @@ Choices, each with a window of timeline steps during which the bytes are not res
   Window: from after the last forward use of the storage to its first backward use.
   Seconds: the chain's roofline time.
 - ``swap`` (on CUDA, or when forced): the offload copy runs from the last forward use and
-  the bytes are free once compute of the following steps has covered the copy time; the
-  prefetch is issued as many backward steps ahead of the first use as it takes compute to
-  cover the copy (never before the backward starts). Seconds: the copy time that compute
-  does not hide, both ways (a blocking offload, under Inductor, hides nothing and frees
-  the bytes at once). A tensor must be dense and fill its storage to be swapped.
+  the bytes are free once compute of the following forward steps has covered the copy
+  time (the offload's finish waits there for the copy, at the forward's end at the latest,
+  under either code generator); the prefetch is issued as many backward steps ahead of the
+  first use as it takes compute to cover the copy (never before the backward starts).
+  Seconds: the copy time that compute does not hide, both ways. A tensor must be dense and
+  fill its storage to be swapped.
 
 Step times are rooflines of :func:`fxopt.analysis.node_cost` on a
 :class:`fxopt.planner.HardwareProfile`. On a forced swap on a CPU device (no host-device
@@ -267,7 +268,7 @@ def _recompute_choice(a: JointAnalysis, chain: list[fx.Node], reads: set[fx.Node
 
 
 def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first_bw: int,
-                 profile: HardwareProfile, blocking: bool) -> ActivationChoice | None:
+                 profile: HardwareProfile) -> ActivationChoice | None:
     val = node.meta["val"]
     dense = val.is_contiguous() or (
         val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last))
@@ -278,7 +279,7 @@ def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first
         copy = size / profile.memory_bandwidth
     steps = len(a.step_seconds)
     start, hidden_out = last_fw + 1, 0.0
-    while not blocking and hidden_out < copy and start < steps:
+    while hidden_out < copy and start < min(steps, a.bw_start):
         hidden_out += a.step_seconds[start]
         start += 1
     end, hidden_in = first_bw, 0.0
@@ -289,12 +290,11 @@ def _swap_choice(a: JointAnalysis, node: fx.Node, size: int, last_fw: int, first
         return None
     seconds = max(0.0, copy - hidden_out) + max(0.0, copy - hidden_in)
     return ActivationChoice("swap", (start, end), seconds, copy_seconds=copy,
-                            offload_step=last_fw + 1, use_step=first_bw, blocking=blocking)
+                            offload_step=last_fw + 1, use_step=first_bw)
 
 
 def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile, *,
-                  recompute: bool = True, swap: bool = False,
-                  blocking_offload: bool = False) -> ActivationProblem:
+                  recompute: bool = True, swap: bool = False) -> ActivationProblem:
     """The decision problem: one SavedActivation per candidate, with the allowed choices."""
     chains = _chains(a) if recompute else {}
     activations = []
@@ -306,8 +306,7 @@ def build_problem(a: JointAnalysis, budget_bytes: int, profile: HardwareProfile,
         if name in chains and (c := _recompute_choice(a, *chains[name], last_fw, first_bw)):
             choices.append(c)
         if swap and len(group) == 1 and (
-                c := _swap_choice(a, node, size, last_fw, first_bw, profile,
-                                  blocking_offload)):
+                c := _swap_choice(a, node, size, last_fw, first_bw, profile)):
             choices.append(c)
         activations.append(SavedActivation(name, size, tuple(choices)))
     return ActivationProblem(
@@ -337,7 +336,7 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
                  ) -> tuple[JointAnalysis, StepProblem]:
     """The one builder of :func:`fxopt.planner.step.plan_step`'s input from a joint graph,
     for the pass and ``fxopt plan`` alike: recompute choices (none under ``force_swap``),
-    swap choices on CUDA or under ``force_swap``, a blocking offload under Inductor, random
+    swap choices on CUDA or under ``force_swap``, random
     ops recomputed with their RNG state replayed (both partitioners replay a tagged random
     op: torch's ``functionalize_rng_ops``). ``removed_bytes``: plain autograd's saved bytes
     that rewrites before autograd took out of the graph (a fraction's base keeps them);
@@ -347,8 +346,7 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
     estimate = analysis.estimate
     activations = build_problem(analysis, estimate.peak_bytes, hardware,
                                 recompute=not force_swap,
-                                swap=hardware.device_type == "cuda" or force_swap,
-                                blocking_offload=codegen.blocking_copies)
+                                swap=hardware.device_type == "cuda" or force_swap)
     saved = dataclasses.replace(
         saved_bytes_problem(analysis, random_ok=True,
                             rng_state_bytes=rng_state_bytes(hardware.device_type),

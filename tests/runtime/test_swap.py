@@ -11,10 +11,14 @@ from fxopt.runtime import HostBufferPool, runtime
 ops = torch.ops.fxopt
 
 
+def _offload(x):
+    return ops.swap_offload_finish(ops.swap_offload_start(x), x, [])
+
+
 def _round_trip(x, device):
-    host = ops.swap_offload(x, False)
-    token = ops.swap_prefetch_start(host, device)
-    return host, ops.swap_prefetch_wait(token, host, device)
+    host = _offload(x)
+    token = ops.swap_prefetch_start(host, device, [])
+    return host, ops.swap_prefetch_wait(token, host, device, [])
 
 
 def test_round_trip_keeps_values_strides_and_dtype():
@@ -29,12 +33,15 @@ def test_round_trip_keeps_values_strides_and_dtype():
 
 def test_a_prefetch_is_consumed_once_and_a_dropped_token_frees_its_slot():
     x = torch.randn(5)
-    host = ops.swap_offload(x, False)
-    token = ops.swap_prefetch_start(host, x.device)
-    ops.swap_prefetch_wait(token, host, x.device)
+    offload = ops.swap_offload_start(x)
+    host = ops.swap_offload_finish(offload, x, [])
     with pytest.raises(RuntimeError, match="never started or was already consumed"):
-        ops.swap_prefetch_wait(token, host, x.device)
-    unused = ops.swap_prefetch_start(host, x.device)
+        ops.swap_offload_finish(offload, x, [])
+    token = ops.swap_prefetch_start(host, x.device, [])
+    ops.swap_prefetch_wait(token, host, x.device, [])
+    with pytest.raises(RuntimeError, match="never started or was already consumed"):
+        ops.swap_prefetch_wait(token, host, x.device, [])
+    unused = ops.swap_prefetch_start(host, x.device, [])
     assert runtime.in_flight == 1
     del unused
     gc.collect()
@@ -59,23 +66,25 @@ def test_pool_reuses_a_buffer_once_its_tensor_dies():
 def test_fake_implementations_give_shapes_devices_and_strides():
     with FakeTensorMode():
         x = torch.empty(4, 6).t()
-        host = ops.swap_offload(x, False)
-        token = ops.swap_prefetch_start(host, torch.device("cpu"))
-        back = ops.swap_prefetch_wait(token, host, torch.device("cpu"))
+        offload = ops.swap_offload_start(x)
+        host = ops.swap_offload_finish(offload, x, [x])
+        token = ops.swap_prefetch_start(host, torch.device("cpu"), [])
+        back = ops.swap_prefetch_wait(token, host, torch.device("cpu"), [])
     assert host.device.type == "cpu" and host.stride() == x.stride()
-    assert token.shape == (1,) and token.dtype == torch.int64
+    assert offload.shape == token.shape == (1,) and token.dtype == torch.int64
     assert back.shape == x.shape and back.stride() == x.stride()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("blocking", [False, True])
-def test_cuda_round_trip_is_pinned_and_stream_ordered(blocking):
+def test_cuda_round_trip_is_pinned_and_stream_ordered():
     x = torch.randn(1024, 1024, device="cuda")
     expected = x.clone()
-    host = ops.swap_offload(x, blocking)
-    token = ops.swap_prefetch_start(host, x.device)
-    back = ops.swap_prefetch_wait(token, host, x.device)
-    assert host.is_pinned()
-    del x  # freed at once: record_stream keeps the memory until the copy has read it
+    offload = ops.swap_offload_start(x)
+    expected @ expected  # compute while the copy runs
+    host = ops.swap_offload_finish(offload, x, [])
+    del x  # the compute stream waited for the copy at finish: reuse is ordered after it
     torch.randn(1024, 1024, device="cuda")  # may reuse freed blocks; must not clobber
+    token = ops.swap_prefetch_start(host, torch.device("cuda"), [])
+    back = ops.swap_prefetch_wait(token, host, torch.device("cuda"), [])
+    assert host.is_pinned()
     torch.testing.assert_close(back, expected, rtol=0, atol=0)

@@ -8,15 +8,18 @@
   backward rebuilds it just before its first use. No random op is ever tagged: dropout is
   never recomputed, its saved mask and output are what the backward reads, so the masks
   are the forward's.
-- **swap**: ``h = fxopt::swap_offload(x)`` after the last forward use of ``x``'s storage;
-  ``fxopt::swap_prefetch_start(h)`` and ``fxopt::swap_prefetch_wait`` before ``x``'s first
-  backward use, which then reads the waited tensor. ``x`` has no backward user left, so the
-  partitioner saves the host copy ``h`` instead. Start and wait are tagged
-  ``MUST_RECOMPUTE``: they depend on no tangent, and Inductor's min-cut partitioner
-  otherwise runs them in the forward and saves the device copy (checked: no memory saved).
-  The partitioner may reorder the backward; :func:`place_prefetches` then moves each
-  start to where the plan issues it (its ``meta["fxopt"]["issue_before"]``), ahead of the
-  wait by the prefetch distance.
+- **swap**: ``token = fxopt::swap_offload_start(x)`` after the last forward use of ``x``'s
+  storage, and ``h = fxopt::swap_offload_finish(token, x, [after])`` once the forward
+  nodes the plan counts on to hide the copy (its window's start) have run, ``after`` being
+  the last of them (so no scheduler hoists the finish above them, and ``x`` stays allocated
+  until the copy has read it); ``fxopt::swap_prefetch_start(h)`` and
+  ``fxopt::swap_prefetch_wait`` before ``x``'s first backward use, which then reads the
+  waited tensor. ``x`` has no backward user left, so the partitioner saves the host copy
+  ``h`` instead. Prefetch start and wait are tagged ``MUST_RECOMPUTE``: they depend on no
+  tangent, and Inductor's min-cut partitioner otherwise runs them in the forward and saves
+  the device copy (checked: no memory saved). The partitioner may reorder the backward;
+  :func:`place_prefetches` then moves each start to where the plan issues it (its
+  ``meta["fxopt"]["issue_before"]``), ahead of the wait by the prefetch distance.
 
 Placeholders and the output signature are untouched; created nodes carry fake values
 (computed by the ops' ``register_fake``) and ``meta["fxopt"]``.
@@ -38,10 +41,11 @@ from fxopt.planner.joint import JointAnalysis, group_chain
 
 __all__ = ["apply_decision", "place_prefetches", "SWAP_OPS"]
 
-_OFFLOAD = torch.ops.fxopt.swap_offload.default
+_OFFLOAD = torch.ops.fxopt.swap_offload_start.default
+_FINISH = torch.ops.fxopt.swap_offload_finish.default
 _START = torch.ops.fxopt.swap_prefetch_start.default
 _WAIT = torch.ops.fxopt.swap_prefetch_wait.default
-SWAP_OPS = (_OFFLOAD, _START, _WAIT)
+SWAP_OPS = (_OFFLOAD, _FINISH, _START, _WAIT)
 
 
 def mark_recompute(node: fx.Node) -> None:
@@ -69,14 +73,16 @@ def apply_decision(gm: fx.GraphModule, analysis: JointAnalysis, problem: Activat
             for n in chain:
                 mark_recompute(n)
         else:
-            start_step = choices[name].choice("swap").window[1]
-            _insert_swap(gm, analysis, node, by_step[start_step], ctx.device,
-                         blocking=ctx.codegen.blocking_copies)
+            freed, fetched = choices[name].choice("swap").window
+            _insert_swap(gm, analysis, node, by_step[freed - 1], by_step[fetched], ctx.device)
     return applied
 
 
-def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, issue_before: fx.Node,
-                 device: torch.device, *, blocking: bool) -> None:
+def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, hidden_by: fx.Node,
+                 issue_before: fx.Node, device: torch.device) -> None:
+    """Swap ``node``: its offload finishes after ``hidden_by`` (the last forward node whose
+    compute hides the copy, or ``node``'s last forward use where none does), its prefetch
+    is issued before ``issue_before``."""
     def step(n: fx.Node) -> int:
         return a.step_of[n]
 
@@ -87,16 +93,22 @@ def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, issue_befo
     last_forward, first_backward = max(forward, key=step), min(backward_users, key=step)
     meta = {"pass": "swap_recompute", "replaces": [node.name], "swap": node.name}
     val = node.meta["val"]
+    after = _last_tensor(hidden_by, stop=last_forward)
     with _compat.fake_mode_of([val]) or contextlib.nullcontext():
-        host_val = _OFFLOAD(val, blocking)
-        token_val = _START(host_val, device)
-        back_val = _WAIT(token_val, host_val, device)
+        offload_val = _OFFLOAD(val)
+        host_val = _FINISH(offload_val, val, [n.meta["val"] for n in after])
+        token_val = _START(host_val, device, [])
+        back_val = _WAIT(token_val, host_val, device, [])
     with gm.graph.inserting_after(last_forward):
-        offload = gm.graph.call_function(_OFFLOAD, (node, blocking))
+        offload = gm.graph.call_function(_OFFLOAD, (node,))
+    with gm.graph.inserting_after(after[0] if after else offload):
+        finish = gm.graph.call_function(_FINISH, (offload, node, after))
     with gm.graph.inserting_before(first_backward):
-        start = gm.graph.call_function(_START, (offload, device))
-        wait = gm.graph.call_function(_WAIT, (start, offload, device))
-    for new, value, tag in ((offload, host_val, "is_forward"), (start, token_val, "is_backward"),
+        start = gm.graph.call_function(_START, (finish, device, []))
+        wait = gm.graph.call_function(_WAIT, (start, finish, device, []))
+    for new, value, tag in ((offload, offload_val, "is_forward"),
+                            (finish, host_val, "is_forward"),
+                            (start, token_val, "is_backward"),
                             (wait, back_val, "is_backward")):
         new.meta["val"] = value
         new.meta["partitioner_tag"] = tag
@@ -108,12 +120,24 @@ def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, issue_befo
         user.replace_input_with(node, wait)
 
 
-def place_prefetches(backward: fx.GraphModule) -> int:
+def _last_tensor(node: fx.Node, *, stop: fx.Node | None = None) -> list[fx.Node]:
+    """``[n]``, ``n`` the last node from ``node`` back to (not including) ``stop`` or the
+    first placeholder whose value is a tensor; ``[]`` where there is none."""
+    while node is not stop and node.op not in ("root", "placeholder"):
+        if isinstance(node.meta.get("val"), torch.Tensor):
+            return [node]
+        node = node.prev
+    return []
+
+
+def place_prefetches(backward: fx.GraphModule) -> tuple[int, int]:
     """Move each prefetch start of a partitioned backward to where its plan issues it
-    (never after its wait); returns how many moved. A no-op without swaps."""
+    (never after its wait), and pin every start and wait to its place (its ``after``
+    argument: the node just before it); returns how many starts moved and how many calls
+    were pinned. A no-op without swaps."""
     starts = list(backward.graph.find_nodes(op="call_function", target=_START))
     if not starts:
-        return 0
+        return 0, 0
     nodes = list(backward.graph.nodes)
     by_name = {n.name: n for n in nodes}
     first_compute = next(n for n in nodes if n.op != "placeholder")
@@ -126,7 +150,9 @@ def place_prefetches(backward: fx.GraphModule) -> int:
         if target is not start and position[target] < position[start]:
             target.prepend(start)
             moved += 1
-    if moved:
-        backward.graph.lint()
-        backward.recompile()
-    return moved
+    waits = backward.graph.find_nodes(op="call_function", target=_WAIT)
+    for call in (*starts, *waits):
+        call.update_arg(len(call.args) - 1, _last_tensor(call.prev))
+    backward.graph.lint()
+    backward.recompile()
+    return moved, len(starts) + len(waits)

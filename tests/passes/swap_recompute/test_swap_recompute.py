@@ -2,6 +2,7 @@
 monotonicity, the infeasible budget, dropout masks, the forced swap path on the CPU."""
 
 import gc
+import operator
 import re
 
 import pytest
@@ -14,7 +15,8 @@ from fxopt.runtime import runtime
 from fxopt.testing import assert_same_as_eager
 from tests.models import MLP, Block, ConvNet, deep_mlp
 
-SWAP_OPS = {"fxopt::swap_offload", "fxopt::swap_prefetch_start", "fxopt::swap_prefetch_wait"}
+SWAP_OPS = {"fxopt::swap_offload_start", "fxopt::swap_offload_finish", "fxopt::swap_prefetch_start",
+            "fxopt::swap_prefetch_wait"}
 
 
 def _record(comparison):
@@ -24,6 +26,27 @@ def _record(comparison):
 
 def _targets(gm):
     return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def _assert_offloads_finish_after_their_hiding_compute(forward):
+    """Each offload finishes after its start and takes the swapped tensor (kept until
+    then) and the last node the plan counts on to hide its copy; some copy has compute
+    between its start and its finish; the host copy a finish returns is what the forward
+    saves."""
+    nodes = list(forward.graph.nodes)
+    finishes = [n for n in nodes if n.target is torch.ops.fxopt.swap_offload_finish.default]
+    assert finishes
+    hidden = 0
+    for finish in finishes:
+        start, swapped, after = finish.args
+        assert start.target is torch.ops.fxopt.swap_offload_start.default
+        assert start.args[0] is swapped and nodes.index(start) < nodes.index(finish)
+        between = nodes[nodes.index(start) + 1:nodes.index(finish)]
+        hidden += any(n.op == "call_function" and "swap_" not in str(n.target)
+                      and n.target is not operator.getitem for n in between)
+        assert len(after) <= 1 and all(nodes.index(a) < nodes.index(finish) for a in after)
+        assert any(u.op == "output" for u in finish.users)  # saved for the backward
+    assert hidden
 
 
 @pytest.mark.parametrize("budget", [1.0, 0.5, 0.2])
@@ -160,9 +183,11 @@ def test_forced_swap_on_the_cpu_round_trips_and_reuses_host_buffers():
     assert comparison.fired("swap_recompute") and record.verdicts.matched["swap"].count > 0
     assert "recompute" not in record.verdicts.matched
     graph = comparison.graphs[0]
-    assert "fxopt.swap_offload.default" in _targets(graph.graphs["forward"])
+    assert {"fxopt.swap_offload_start.default", "fxopt.swap_offload_finish.default"} <= \
+        _targets(graph.graphs["forward"])
     assert {"fxopt.swap_prefetch_start.default", "fxopt.swap_prefetch_wait.default"} <= \
         _targets(graph.graphs["backward"])
+    _assert_offloads_finish_after_their_hiding_compute(graph.graphs["forward"])
     # three steps, one set of host buffers: none allocated after the first step
     gc.collect()
     allocations = runtime.pool.allocations
@@ -199,9 +224,7 @@ def test_inductor_codegen_with_min_cut_partitioner(force_swap):
     graph = comparison.graphs[0]
     assert graph.fallback is None
     if force_swap:
-        assert "fxopt.swap_offload.default" in _targets(graph.graphs["forward"])
+        assert "fxopt.swap_offload_finish.default" in _targets(graph.graphs["forward"])
         assert "fxopt.swap_prefetch_wait.default" in _targets(graph.graphs["backward"])
         assert "fxopt.swap_prefetch_wait.default" not in _targets(graph.graphs["forward"])
-        offloads = graph.graphs["forward"].graph.find_nodes(
-            op="call_function", target=torch.ops.fxopt.swap_offload.default)
-        assert offloads and all(n.args[1] is True for n in offloads)  # Inductor: blocking
+        _assert_offloads_finish_after_their_hiding_compute(graph.graphs["forward"])
