@@ -119,6 +119,7 @@ class Check:
 
     def __init__(self, device: torch.device, sizes: Sizes, tiny: bool) -> None:
         self.device, self.sizes, self.tiny = device, sizes, tiny
+        self.last_gpt2: tuple[Any, torch.Tensor] | None = None  # (model, ids) just built
         self.eager_loss: dict[str, float] = {}
         self.peaks: dict[str, int] = {}     # configuration -> peak + resident bytes
 
@@ -183,6 +184,7 @@ class Check:
         ids = torch.randint(0, s.gpt2["vocab"], (batch or s.gpt2_batch, s.gpt2_seq),
                             device=self.device)
         opt = optimizer(model, compiled) if optimizer is not None else None
+        self.last_gpt2 = (compiled, ids)
 
         def step() -> torch.Tensor:
             with self.autocast():
@@ -198,23 +200,47 @@ class Check:
         return step, model
 
     def gpt2_case(self, prepare: Callable[[torch.nn.Module], Any],
-                  context: Callable[[], Any] = contextlib.nullcontext) -> Callable[[Row], None]:
+                  context: Callable[[], Any] = contextlib.nullcontext,
+                  sites: bool = False) -> Callable[[Row], None]:
         def run(row: Row) -> None:
             with context():
                 step, _ = self.gpt2_step(prepare)
                 self.measure(row, step, "eager")
+                if sites:
+                    self.peak_sites(row)
         return run
 
     def gpt2_fxopt(self, context: Callable[[], Any] = contextlib.nullcontext,
-                   **options: Any) -> Callable[[Row], None]:
+                   sites: bool = False, **options: Any) -> Callable[[Row], None]:
         """GPT-2 compiled by a backend made when the case runs (a refused option fails the
-        row, not the list), every step under ``context``."""
+        row, not the list), every step under ``context``; ``sites``: also what is alive at
+        the peak (:meth:`peak_sites`)."""
         def run(row: Row) -> None:
             with context():
                 backend = self.fxopt(**options)
                 step, _ = self.gpt2_step(lambda m: torch.compile(m, backend=backend))
                 self.measure(row, step, "eager", (backend,))
+                if sites:
+                    self.peak_sites(row)
         return run
+
+    def peak_sites(self, row: Row) -> None:
+        """Note what is alive at the peak of the GPT-2 step just measured, by category and
+        the op or compiled graph that allocated it (``fxopt.profile_memory``, one more
+        step): where a configuration's peak differs from another's (issue 29.1's extra
+        logits tensor under fxopt's defaults), these say which allocation it is."""
+        compiled, ids = self.last_gpt2
+        with self.autocast():
+            profile = fxopt.profile_memory(compiled, {"input_ids": ids, "labels": ids},
+                                           loss_fn=lambda out: out.loss, warmup=0, steps=1)
+        mib = 2 ** 20
+        parts = [f"profiled peak {profile.peak_bytes / mib:.0f} MiB in {profile.peak_phase}"]
+        for category in ("activations", "temporaries", "other"):
+            top = profile.peak_sites.get(category, [])[:3]
+            if top:
+                parts.append(f"{category} {profile.peak_categories[category] / mib:.0f} MiB: "
+                             + ", ".join(f"{site} {size / mib:.0f}" for site, size in top))
+        row.notes.append("; ".join(parts))
 
     def byte_budget(self, row: Row) -> None:
         """fxopt under a byte budget low enough that it must swap: 0.4 x eager's peak
@@ -332,9 +358,10 @@ class Check:
         inductor_peer = not self.tiny   # Inductor's C++ build does not fit the CPU smoke
         g = [Case("gpt2", "eager", self.gpt2_case(lambda m: m), 60)]
         if inductor_peer:
-            g.append(Case("gpt2", "torch.compile (Inductor)", self.gpt2_case(torch.compile),
-                          90))
-        g.append(Case("gpt2", "fxopt defaults (auto: Inductor)", self.gpt2_fxopt(), 90))
+            g.append(Case("gpt2", "torch.compile (Inductor)",
+                          self.gpt2_case(torch.compile, sites=True), 90))
+        g.append(Case("gpt2", "fxopt defaults (auto: Inductor)", self.gpt2_fxopt(sites=True),
+                      90))
         lstm = [Case("lstm", "eager (cuDNN)", self.rnn_case("lstm", lambda m: m), 30),
                 Case("lstm", 'fxopt fuse_rnn="auto" (cost model)',
                      self.rnn_compiled("lstm", fuse_rnn="auto"), 90),
