@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fxopt.analysis.cost import node_cost
+from fxopt.analysis.cost import is_view_op, node_cost
 from fxopt.optim.grad_ready import GRAD_READY, new_graph_id
 from fxopt.optim.link import DEFAULT_SUBGROUPS
 from fxopt.optim.model import ParamInfo, plan_offload, split_subgroups
@@ -86,14 +86,14 @@ def gradient_outputs(gm: fx.GraphModule, hardware: HardwareProfile) -> list[dict
 def _announce_gradients(gm: fx.GraphModule, gradients: list[dict[str, Any]],
                         graph_id: int) -> int:
     """Put ``fxopt::grad_ready(grad, graph_id, input)`` right after each gradient's
-    producing node; returns how many. A gradient that is a graph input (a tangent passed
-    through) is ready when the backward starts and is not announced: declaring a mutation
-    of a graph input would make Inductor copy it back."""
+    producing node; returns how many. A gradient that is, or is a view of, a graph input
+    (a tangent passed through) is ready when the backward starts and is not announced:
+    declaring a mutation of a graph input would make Inductor copy it back."""
     nodes = {node.name: node for node in gm.graph.nodes}
     announced = 0
     for grad in gradients:
         node = nodes[grad["node"]]
-        if node.op == "placeholder":
+        if _storage_root(node).op == "placeholder":
             continue
         with gm.graph.inserting_after(node):
             call = gm.graph.call_function(GRAD_READY,
@@ -103,6 +103,14 @@ def _announce_gradients(gm: fx.GraphModule, gradients: list[dict[str, Any]],
     if announced:
         gm.recompile()
     return announced
+
+
+def _storage_root(node: fx.Node) -> fx.Node:
+    """The node whose storage ``node``'s value lives in, through views."""
+    while node.op == "call_function" and is_view_op(node.target) and node.args \
+            and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
 
 
 def _budget(gm: fx.GraphModule, ctx: PassContext, hardware: HardwareProfile) -> int | None:

@@ -153,3 +153,25 @@ def test_graph_breaks_record_each_graph_and_order_last_graph_first():
     order = [i for i, _ in gradient_order(backend, compiled, params)]
     assert sorted(order) == list(range(len(params)))
     assert order[0] > order[-1]  # the second graph's parameters get their gradients first
+
+
+def test_a_gradient_that_views_a_graph_input_is_not_announced():
+    """y + w, flattened: w's gradient is a view of the incoming gradient (the backward's
+    tangent), ready when the backward starts; a declared mutation of it would make
+    Inductor copy it back into the input."""
+
+    class PassThrough(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 5))
+            self.lin = torch.nn.Linear(5, 5)
+
+        def forward(self, x):
+            return self.lin(x).reshape(15) + self.w.reshape(15)
+
+    comparison = assert_same_as_eager(PassThrough(), (torch.randn(3, 5),), OFFLOAD)
+    record = _record(comparison.graphs)
+    backward = comparison.graphs[0].graphs["backward"].graph
+    announced = {n.args[2] for n in backward.nodes if n.target is GRAD_READY}
+    recorded = {g["input"] for g in record.stats["gradients"]}
+    assert record.stats["announced"] == len(announced) == len(recorded) - 1
