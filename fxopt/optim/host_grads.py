@@ -132,12 +132,15 @@ class GradientCopies:
             hp.announced = None
             return
         self.start(hp, grad)
-        hp.announced = _layout(grad)
         if not self._forget_queued:
             # an announcement holds for this backward only: in a later one another tensor
             # may have the same address
+            try:
+                _compat.queue_backward_callback(self._forget_announced)
+            except RuntimeError:  # run outside a backward pass: no hook will check it
+                return
             self._forget_queued = True
-            _compat.queue_backward_callback(self._forget_announced)
+        hp.announced = _layout(grad)
 
     def _forget_announced(self) -> None:
         self._forget_queued = False

@@ -193,6 +193,12 @@ def test_an_announcement_does_not_outlive_its_backward_and_close_stops_listening
     sources = [s for srcs in gradient_sources(backend, compiled,
                                               list(model.parameters())).values() for s in srcs]
     assert all(s in announcements._listeners for s in sources)
+    # called outside a backward pass (no hook will check it): copied, not remembered
+    index, ((graph, position),) = next(iter(gradient_sources(
+        backend, compiled, list(model.parameters())).items()))
+    announcements.GRAD_READY(torch.zeros_like(list(model.parameters())[index]), graph,
+                             position)
+    assert all(hp.announced is None for hp in optimizer._host.values())
     optimizer.close()
     assert not any(s in announcements._listeners for s in sources)
 
