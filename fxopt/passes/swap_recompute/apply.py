@@ -17,7 +17,12 @@
   waited tensor. ``x`` has no backward user left, so the partitioner saves the host copy
   ``h`` instead. Prefetch start and wait are tagged ``MUST_RECOMPUTE``: they depend on no
   tangent, and Inductor's min-cut partitioner otherwise runs them in the forward and saves
-  the device copy (checked: no memory saved). The partitioner may reorder the backward;
+  the device copy (checked: no memory saved). Min-cut may still run an offload in the
+  backward, saving ``x`` and its ``after`` instead of ``h``, where that costs it no more
+  (its ``MUST_SAVE`` tag binds only nodes the forward's outputs need, which an offload is
+  not): correct, but that tensor stays on the device (1 of 40 swaps on a tiny GPT-2,
+  ``tests/test_real_models.py``); :func:`place_prefetches` then issues its prefetch after
+  it. The partitioner may reorder the backward;
   :func:`place_prefetches` then moves each start to where the plan issues it (its
   ``meta["fxopt"]["issue_before"]``), ahead of the wait by the prefetch distance.
 
@@ -147,6 +152,9 @@ def place_prefetches(backward: fx.GraphModule) -> tuple[int, int]:
         if target is None or target.op == "placeholder":
             target = first_compute
         position = {n: i for i, n in enumerate(backward.graph.nodes)}
+        host = start.args[0]
+        if position[target] <= position[host]:  # never before the host copy exists
+            target = host.next
         if target is not start and position[target] < position[start]:
             target.prepend(start)
             moved += 1
