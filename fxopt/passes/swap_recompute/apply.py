@@ -17,14 +17,14 @@
   waited tensor. ``x`` has no backward user left, so the partitioner saves the host copy
   ``h`` instead. Prefetch start and wait are tagged ``MUST_RECOMPUTE``: they depend on no
   tangent, and Inductor's min-cut partitioner otherwise runs them in the forward and saves
-  the device copy (checked: no memory saved). Min-cut may still run an offload in the
-  backward, saving ``x`` and its ``after`` instead of ``h``, where that costs it no more
-  (its ``MUST_SAVE`` tag binds only nodes the forward's outputs need, which an offload is
-  not): correct, but that tensor stays on the device (1 of 40 swaps on a tiny GPT-2,
-  ``tests/test_real_models.py``); :func:`place_prefetches` then issues its prefetch after
-  it. The partitioner may reorder the backward;
+  the device copy (checked: no memory saved). The partitioner may reorder the backward;
   :func:`place_prefetches` then moves each start to where the plan issues it (its
-  ``meta["fxopt"]["issue_before"]``), ahead of the wait by the prefetch distance.
+  ``meta["fxopt"]["issue_before"]``), ahead of the wait by the prefetch distance, and pins
+  starts and waits there. Min-cut may still run an offload in the backward, saving ``x``
+  and its ``after`` instead of ``h``, where that costs it no more (its ``MUST_SAVE`` tag
+  binds only nodes the forward's outputs need, which an offload is not): correct, but that
+  tensor stays on the device (1 of 40 swaps on a tiny GPT-2, ``tests/test_real_models.py``),
+  and its prefetch is issued after it.
 
 Placeholders and the output signature are untouched; created nodes carry fake values
 (computed by the ops' ``register_fake``) and ``meta["fxopt"]``.
@@ -46,11 +46,11 @@ from fxopt.planner.joint import JointAnalysis, group_chain
 
 __all__ = ["apply_decision", "place_prefetches", "SWAP_OPS"]
 
-_OFFLOAD = torch.ops.fxopt.swap_offload_start.default
-_FINISH = torch.ops.fxopt.swap_offload_finish.default
-_START = torch.ops.fxopt.swap_prefetch_start.default
-_WAIT = torch.ops.fxopt.swap_prefetch_wait.default
-SWAP_OPS = (_OFFLOAD, _FINISH, _START, _WAIT)
+_OFFLOAD_START = torch.ops.fxopt.swap_offload_start.default
+_OFFLOAD_FINISH = torch.ops.fxopt.swap_offload_finish.default
+_PREFETCH_START = torch.ops.fxopt.swap_prefetch_start.default
+_PREFETCH_WAIT = torch.ops.fxopt.swap_prefetch_wait.default
+SWAP_OPS = (_OFFLOAD_START, _OFFLOAD_FINISH, _PREFETCH_START, _PREFETCH_WAIT)
 
 
 def mark_recompute(node: fx.Node) -> None:
@@ -100,17 +100,17 @@ def _insert_swap(gm: fx.GraphModule, a: JointAnalysis, node: fx.Node, hidden_by:
     val = node.meta["val"]
     after = _last_tensor(hidden_by, stop=last_forward)
     with _compat.fake_mode_of([val]) or contextlib.nullcontext():
-        offload_val = _OFFLOAD(val)
-        host_val = _FINISH(offload_val, val, [n.meta["val"] for n in after])
-        token_val = _START(host_val, device, [])
-        back_val = _WAIT(token_val, host_val, device, [])
+        offload_val = _OFFLOAD_START(val)
+        host_val = _OFFLOAD_FINISH(offload_val, val, [n.meta["val"] for n in after])
+        token_val = _PREFETCH_START(host_val, device, [])
+        back_val = _PREFETCH_WAIT(token_val, host_val, device, [])
     with gm.graph.inserting_after(last_forward):
-        offload = gm.graph.call_function(_OFFLOAD, (node,))
+        offload = gm.graph.call_function(_OFFLOAD_START, (node,))
     with gm.graph.inserting_after(after[0] if after else offload):
-        finish = gm.graph.call_function(_FINISH, (offload, node, after))
+        finish = gm.graph.call_function(_OFFLOAD_FINISH, (offload, node, after))
     with gm.graph.inserting_before(first_backward):
-        start = gm.graph.call_function(_START, (finish, device, []))
-        wait = gm.graph.call_function(_WAIT, (start, finish, device, []))
+        start = gm.graph.call_function(_PREFETCH_START, (finish, device, []))
+        wait = gm.graph.call_function(_PREFETCH_WAIT, (start, finish, device, []))
     for new, value, tag in ((offload, offload_val, "is_forward"),
                             (finish, host_val, "is_forward"),
                             (start, token_val, "is_backward"),
@@ -140,7 +140,7 @@ def place_prefetches(backward: fx.GraphModule) -> tuple[int, int]:
     (never after its wait), and pin every start and wait to its place (its ``after``
     argument: the node just before it); returns how many starts moved and how many calls
     were pinned. A no-op without swaps."""
-    starts = list(backward.graph.find_nodes(op="call_function", target=_START))
+    starts = list(backward.graph.find_nodes(op="call_function", target=_PREFETCH_START))
     if not starts:
         return 0, 0
     nodes = list(backward.graph.nodes)
@@ -158,7 +158,7 @@ def place_prefetches(backward: fx.GraphModule) -> tuple[int, int]:
         if target is not start and position[target] < position[start]:
             target.prepend(start)
             moved += 1
-    waits = backward.graph.find_nodes(op="call_function", target=_WAIT)
+    waits = backward.graph.find_nodes(op="call_function", target=_PREFETCH_WAIT)
     for call in (*starts, *waits):
         call.update_arg(len(call.args) - 1, _last_tensor(call.prev))
     backward.graph.lint()
