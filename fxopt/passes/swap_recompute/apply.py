@@ -24,7 +24,7 @@
   and its ``after`` instead of ``h``, where that costs it no more (its ``MUST_SAVE`` tag
   binds only nodes the forward's outputs need, which an offload is not): correct, but that
   tensor stays on the device (1 of 40 swaps on a tiny GPT-2, ``tests/test_real_models.py``),
-  and its prefetch is issued after it.
+  and :func:`undo_backward_offloads` removes that swap's copies.
 
 Placeholders and the output signature are untouched; created nodes carry fake values
 (computed by the ops' ``register_fake``) and ``meta["fxopt"]``.
@@ -44,7 +44,7 @@ from fxopt.passes.base import PassContext
 from fxopt.planner import ActivationProblem, Plan
 from fxopt.planner.joint import JointAnalysis, group_chain
 
-__all__ = ["apply_decision", "place_prefetches", "SWAP_OPS"]
+__all__ = ["apply_decision", "place_prefetches", "undo_backward_offloads", "SWAP_OPS"]
 
 _OFFLOAD_START = torch.ops.fxopt.swap_offload_start.default
 _OFFLOAD_FINISH = torch.ops.fxopt.swap_offload_finish.default
@@ -135,6 +135,29 @@ def _last_tensor(node: fx.Node, *, stop: fx.Node | None = None) -> list[fx.Node]
     return []
 
 
+def undo_backward_offloads(backward: fx.GraphModule) -> list[str]:
+    """Undo each swap whose offload the partitioner put in the backward (min-cut may, where
+    saving the device tensor costs it no more than saving the host copy): the device
+    tensor is saved then, so copying it to the host and back only costs time. Its readers
+    read it again, and the four swap ops go; returns the undone swaps' tensors."""
+    undone = []
+    for finish in list(backward.graph.find_nodes(op="call_function",
+                                                 target=_OFFLOAD_FINISH)):
+        start, swapped, _ = finish.args
+        waits = [u for u in finish.users if u.target is _PREFETCH_WAIT]
+        prefetches = [u for u in finish.users if u.target is _PREFETCH_START]
+        for wait in waits:
+            wait.replace_all_uses_with(swapped)
+        for node in (*waits, *prefetches, finish, start):
+            if not node.users:
+                backward.graph.erase_node(node)
+        undone.append(swapped.name)
+    if undone:
+        backward.graph.lint()
+        backward.recompile()
+    return undone
+
+
 def place_prefetches(backward: fx.GraphModule) -> tuple[int, int]:
     """Move each prefetch start of a partitioned backward to where its plan issues it
     (never after its wait), and pin every start and wait to its place (its ``after``
@@ -152,9 +175,6 @@ def place_prefetches(backward: fx.GraphModule) -> tuple[int, int]:
         if target is None or target.op == "placeholder":
             target = first_compute
         position = {n: i for i, n in enumerate(backward.graph.nodes)}
-        host = start.args[0]
-        if position[target] <= position[host]:  # never before the host copy exists
-            target = host.next
         if target is not start and position[target] < position[start]:
             target.prepend(start)
             moved += 1

@@ -61,3 +61,30 @@ def test_under_inductor_each_prefetch_and_offload_finish_stays_where_it_was_plac
     finishes = [i for i, line in enumerate(forward) if "swap_offload_finish" in line]
     assert len(starts) == len(finishes) >= 2
     assert any(any(kernel(line) for line in forward[s:f]) for s, f in zip(starts, finishes))
+
+
+def test_a_swap_whose_offload_the_partitioner_put_in_the_backward_is_undone():
+    """The backward then has the device tensor saved: its readers read it again and the
+    four swap ops go (two copies saved, nothing else changes)."""
+    import torch.fx as fx
+
+    from fxopt.passes.swap_recompute.apply import undo_backward_offloads
+
+    ops = torch.ops.fxopt
+    graph = fx.Graph()
+    x, g = graph.placeholder("x"), graph.placeholder("tangents_1")
+    token = graph.call_function(ops.swap_offload_start.default, (x,))
+    host = graph.call_function(ops.swap_offload_finish.default, (token, x, [g]))
+    started = graph.call_function(ops.swap_prefetch_start.default,
+                                  (host, torch.device("cpu"), []))
+    back = graph.call_function(ops.swap_prefetch_wait.default,
+                               (started, host, torch.device("cpu"), [g]))
+    graph.output(graph.call_function(torch.ops.aten.mul.Tensor, (back, g)))
+    backward = fx.GraphModule(torch.nn.Module(), graph)
+    assert undo_backward_offloads(backward) == ["x"]
+    assert [n.op for n in backward.graph.nodes] == [
+        "placeholder", "placeholder", "call_function", "output"]
+    product = next(n for n in backward.graph.nodes if n.op == "call_function")
+    assert product.args == (x, g)
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(backward(a, b), a * b)
