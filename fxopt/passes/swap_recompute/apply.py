@@ -23,7 +23,7 @@
   starts and waits there. Min-cut may still run an offload in the backward, saving ``x``
   and its ``after`` instead of ``h``, where that costs it no more (its ``MUST_SAVE`` tag
   binds only nodes the forward's outputs need, which an offload is not): correct, but that
-  tensor stays on the device (1 of 40 swaps on a tiny GPT-2, ``tests/test_real_models.py``),
+  tensor stays on the device (1 of 41 swaps on a tiny GPT-2, ``tests/test_real_models.py``),
   and :func:`undo_backward_offloads` removes that swap's copies.
 
 Placeholders and the output signature are untouched; created nodes carry fake values
