@@ -9,7 +9,9 @@ torchao's ``CPUOffloadOptimizer`` loses when the model is compiled whole (issue 
 So the ``offload_optimizer`` pass puts ``fxopt::grad_ready(grad, graph, input)`` into the
 backward graph right after the node that produces the gradient of forward input ``input``
 of compiled graph ``graph``. At run time the op calls the listener registered for that
-(graph, input), if any (:func:`listen`); without one it does nothing. The offloaded
+(graph, input), if any (:func:`listen`); without one it does nothing. A graph's first call
+tells the watchers first (:func:`watch_new_graphs`), so a graph compiled later than its
+listeners were set up can still be listened to. The offloaded
 optimizer listens for its host-updated parameters and starts each gradient's copy to the
 host there, on its copy stream (:mod:`fxopt.optim.runtime`).
 
@@ -28,10 +30,13 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["GRAD_READY", "Listening", "grad_ready", "listen", "new_graph_id"]
+__all__ = ["GRAD_READY", "Listening", "Watching", "grad_ready", "listen", "new_graph_id",
+           "watch_new_graphs"]
 
 _graph_ids = itertools.count()
 _listeners: dict[tuple[int, int], Callable[[torch.Tensor], None]] = {}
+_watchers: list[Callable[[int], None]] = []
+_seen_graphs: set[int] = set()
 _lock = threading.Lock()
 
 
@@ -42,7 +47,14 @@ def new_graph_id() -> int:
 
 @torch.library.custom_op("fxopt::grad_ready", mutates_args=("grad",))
 def grad_ready(grad: torch.Tensor, graph: int, input: int) -> None:
-    """Call the listener of (``graph``, ``input``) with ``grad``, if one is registered."""
+    """Call the listener of (``graph``, ``input``) with ``grad``, if one is registered; the
+    first call of a graph first tells the watchers (:func:`watch_new_graphs`)."""
+    if graph not in _seen_graphs:
+        with _lock:
+            _seen_graphs.add(graph)
+            watchers = list(_watchers)
+        for watcher in watchers:
+            watcher(graph)
     listener = _listeners.get((graph, input))
     if listener is not None:
         listener(grad)
@@ -54,6 +66,28 @@ def _grad_ready_fake(grad: torch.Tensor, graph: int, input: int) -> None:
 
 
 GRAD_READY = torch.ops.fxopt.grad_ready.default
+
+
+class Watching:
+    """The handle of :func:`watch_new_graphs`: ``remove()`` unregisters (idempotent)."""
+
+    def __init__(self, watcher: Callable[[int], None]) -> None:
+        self._watcher: Callable[[int], None] | None = watcher
+
+    def remove(self) -> None:
+        with _lock:
+            if self._watcher in _watchers:
+                _watchers.remove(self._watcher)
+        self._watcher = None
+
+
+def watch_new_graphs(watcher: Callable[[int], None]) -> Watching:
+    """Call ``watcher(graph id)`` when a graph's first ``grad_ready`` call comes, before
+    its listener is looked up: a graph compiled after its gradients' listeners were set up
+    (Dynamo's recompile for a new shape) can be listened to there."""
+    with _lock:
+        _watchers.append(watcher)
+    return Watching(watcher)
 
 
 class Listening:

@@ -11,9 +11,10 @@ on a CPU device):
 - else when autograd has accumulated it (``register_post_accumulate_grad_hook``). The hook
   first checks that the ``.grad`` it accumulated is the tensor announced (autograd took it),
   and copies where it is not: a gradient added into an existing ``.grad`` (micro-batch
-  accumulation, ``zero_grad(set_to_none=False)``), one autograd copied, one of a parameter
-  two graphs use (autograd sums their contributions after both, so it is not announced),
-  a graph compiled after the optimizer was built, a model the pass never saw;
+  accumulation, ``zero_grad(set_to_none=False)``), one autograd copied or summed from two
+  graphs' contributions (a parameter both sides of a graph break use; its announcements
+  are then no longer copied), a model the pass never saw. A graph compiled after the
+  optimizer was built (a new batch size) is listened to at its first call;
 - again at ``step()`` where it changed since (gradient clipping scales in place, which the
   version counter shows).
 
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from fxopt import _compat
-from fxopt.optim.grad_ready import listen
+from fxopt.optim.grad_ready import listen, watch_new_graphs
 
 __all__ = ["GradientCopies", "HostParam"]
 
@@ -51,6 +52,9 @@ class HostParam:
     # hook checks that it is the gradient it accumulated; never the tensor itself, whose
     # extra reference would make autograd copy it instead of taking it as .grad
     announced: tuple[Any, ...] | None = None
+    # False once autograd accumulated another tensor than the one announced (a parameter
+    # two graphs use: autograd sums their contributions): its announcements are not copied
+    copy_announced: bool = True
     # (version, data_ptr) of the parameter when it last agreed with ``master``; None: check
     synced: tuple[int, int] | None = None
 
@@ -66,22 +70,37 @@ def _layout(grad: torch.Tensor) -> tuple[Any, ...]:
 
 class GradientCopies:
     """The gradient copies of the host parameters ``host`` (optimizer index -> its host
-    side) on ``stream`` (None: a CPU device). ``sources``: per index, the (graph id,
-    input) pairs of its ``grad_ready`` calls. ``handles``: the hooks' and listeners'
-    handles, which :func:`fxopt.optim.worker.release` removes."""
+    side) on ``stream`` (None: a CPU device). ``find_sources()``: per index, the (graph id,
+    input) pairs of its ``grad_ready`` calls, asked again when a graph's first call comes
+    (a graph compiled later). ``handles``: the hooks', listeners' and watcher's handles,
+    which :func:`fxopt.optim.worker.release` removes."""
 
     def __init__(self, host: Mapping[int, HostParam], stream: Any,
-                 sources: Mapping[int, Sequence[tuple[int, int]]] | None) -> None:
+                 find_sources: Callable[[], Mapping[int, Sequence[tuple[int, int]]]] | None
+                 ) -> None:
         self._host, self._stream = host, stream
         self._forget_queued = False
+        self._find_sources = find_sources
+        self._listened: set[tuple[int, int]] = set()
         owner = weakref.ref(self)
         self.handles: list[Any] = [
             hp.param.register_post_accumulate_grad_hook(_on_accumulated(owner, i))
             for i, hp in host.items()]
-        # a parameter two graphs use gets one gradient, their sum, after both backwards
-        # (autograd adds the contributions before accumulating): only its hook can copy it
-        self.handles += [listen(sources[i], _on_announced(owner, i))
-                         for i in host if sources and len(sources.get(i, ())) == 1]
+        if find_sources is not None:
+            self.listen_to_new_sources()
+            self.handles.append(watch_new_graphs(_on_new_graph(owner)))
+
+    def listen_to_new_sources(self) -> None:
+        """Listen to each host parameter's announcements not listened to yet (a parameter
+        has one per compiled graph that computes its gradient: Dynamo's recompiles for new
+        shapes, or graphs on both sides of a graph break that both use it)."""
+        sources = self._find_sources() if self._find_sources is not None else {}
+        owner = weakref.ref(self)
+        for i in self._host:
+            new = [key for key in sources.get(i, ()) if key not in self._listened]
+            if new:
+                self._listened.update(new)
+                self.handles.append(listen(new, _on_announced(owner, i)))
 
     def copy(self, hp: HostParam) -> None:
         """Copy ``hp``'s current ``.grad`` (if any) and remember which tensor it was."""
@@ -122,13 +141,19 @@ class GradientCopies:
         grad = hp.param.grad
         if grad is not None and announced is not None and _layout(grad) == announced:
             hp.fresh_grad, hp.fresh_version = grad, grad._version  # already copying
-        else:
-            self.copy(hp)
+            return
+        if announced is not None:
+            # autograd accumulated another tensor: two graphs' contributions summed (a
+            # parameter both sides of a graph break use), or a copy; the next steps would
+            # waste their copies the same way
+            hp.copy_announced = False
+        self.copy(hp)
 
     def announced(self, index: int, grad: torch.Tensor) -> None:
         hp = self._host[index]
-        if hp.param.grad is not None:
-            # autograd will add this into the existing .grad: the hook copies the sum
+        if hp.param.grad is not None or not hp.copy_announced:
+            # autograd will add this into the existing .grad (the hook copies the sum), or
+            # it accumulated another tensor than the announced one before
             hp.announced = None
             return
         self.start(hp, grad)
@@ -154,6 +179,14 @@ def _on_accumulated(owner: weakref.ref, index: int) -> Callable[[torch.Tensor], 
         if copies is not None:
             copies.accumulated(index)
     return grad_accumulated
+
+
+def _on_new_graph(owner: weakref.ref) -> Callable[[int], None]:
+    def graph_seen(graph: int) -> None:
+        copies = owner()
+        if copies is not None:
+            copies.listen_to_new_sources()
+    return graph_seen
 
 
 def _on_announced(owner: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:

@@ -153,7 +153,7 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if not params:
         raise ValueError("fxopt.optim.offload: the optimizer has no parameters")
-    sources = None
+    find_sources = None
     if source is None or isinstance(source, torch.nn.Module):
         order = [(i, 0.0) for i in reversed(range(len(params)))]
     elif hasattr(source, "graphs") and callable(source):  # an fxopt.Backend
@@ -161,7 +161,10 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
             raise TypeError("fxopt.optim.offload: with a Backend, pass the model too "
                             "(model=...), to name the compiled graphs' inputs")
         order = gradient_order(source, model, params)
-        sources = gradient_sources(source, model, params)
+        backend = source
+
+        def find_sources() -> dict[int, list[tuple[int, int]]]:
+            return gradient_sources(backend, model, params)
         if all(v is None for v in planning.values()):
             planning = _recorded_options(source) or planning
     else:
@@ -186,4 +189,4 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
         log.warning("fxopt.optim.offload: %s", plan.summary())
     else:
         log.info("fxopt.optim.offload: %s", plan.summary())
-    return OffloadedOptimizer(optimizer, plan, sources)
+    return OffloadedOptimizer(optimizer, plan, find_sources)

@@ -166,12 +166,14 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     Build it with :func:`fxopt.optim.offload`. ``plan`` keys are indices into the
     optimizer's parameters in ``state_dict`` order; every parameter is in one subgroup.
-    ``sources``: per index, the (graph id, input) pairs whose ``fxopt::grad_ready`` calls
-    announce that parameter's gradient (:func:`fxopt.optim.link.gradient_sources`).
+    ``find_sources()``: per index, the (graph id, input) pairs whose ``fxopt::grad_ready``
+    calls announce that parameter's gradient (:func:`fxopt.optim.link.gradient_sources`),
+    asked again when a graph compiled later first runs.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, plan: OffloadPlan,
-                 sources: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> None:
+                 find_sources: Callable[[], Mapping[int, Sequence[tuple[int, int]]]] | None
+                 = None) -> None:
         check_optimizer(optimizer)
         flat = _flat_params(optimizer)
         keys = [k for s in plan.subgroups for k in s.params]
@@ -198,7 +200,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._staging = self._staging_buffers(optimizer)
         self._host = {i: hp for sg in self._subgroups for i, hp in zip(sg.indices, sg.host)}
         self._grads = GradientCopies(self._host, self._streams[0] if self._streams else None,
-                                     sources)
+                                     find_sources)
         self._hooks = self._grads.handles
         # Neither the hooks nor the worker hold this optimizer (see fxopt.optim.worker):
         # when it is collected, this removes the hooks and stops the thread.

@@ -6,8 +6,9 @@ autograd's hooks cannot overlap that graph's backward).
   the order the gradients are produced, every call before autograd's first hook;
 - the offloaded optimizer copies each host-updated gradient at its announcement and the
   hook copies none, with parameters bit-identical to the hook-only path, also where the
-  hook must copy after all: gradient accumulation, a parameter used by two graphs (not
-  announced);
+  hook must copy after all: gradient accumulation, a parameter used by two graphs (whose
+  announcements are no longer copied once its hook has seen their sum); a graph compiled
+  after the optimizer is listened to;
 - an announcement does not outlive its backward; closing removes the listeners.
 """
 
@@ -154,7 +155,8 @@ def test_host_gradients_are_copied_at_their_announcement_and_train_bit_identical
     assert all(hp.announced is None for hp in announced._host.values())  # forgotten
 
 
-def test_a_parameter_used_by_two_graphs_is_copied_by_its_hook(monkeypatch):
+def test_a_parameter_used_by_two_graphs_is_copied_by_its_hook_after_the_first_step(
+        monkeypatch):
     model, compiled, backend, twin, twin_compiled = _twins(TiedAcrossABreak, "fx")
     for m in (compiled, twin_compiled):
         m(torch.randn(4, 6)).sum().backward()
@@ -169,9 +171,11 @@ def test_a_parameter_used_by_two_graphs_is_copied_by_its_hook(monkeypatch):
                      subgroups=2)
     counts = _count_copies(monkeypatch)
     _train(compiled, announced, 2, 1, 6)
-    # a.weight is not listened for: autograd adds the two graphs' contributions before it
-    # accumulates (after both backwards), and its hook copies that sum
-    assert counts == {"announced": 2 * (len(params) - 1), "hook": 2}
+    # a.weight: autograd adds the two graphs' contributions before it accumulates (after
+    # both backwards), so the first step's two announced copies are wasted and its hook
+    # copies the sum; from then on its announcements are not copied, only its hook's sum
+    assert counts == {"announced": 2 * (len(params) - 1) + 2, "hook": 2}
+    assert not announced._host[0].copy_announced
     _train(twin_compiled, hooked, 2, 1, 6)
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(a, b), name
@@ -202,3 +206,21 @@ def test_an_announcement_does_not_outlive_its_backward_and_close_stops_listening
     optimizer.close()
     assert not any(s in announcements._listeners for s in sources)
 
+
+
+def test_a_graph_compiled_after_the_optimizer_is_listened_to(monkeypatch):
+    """A new batch size after offload(): Dynamo compiles another graph, whose first
+    grad_ready call lets the optimizer find and listen to its announcements."""
+    torch.manual_seed(0)
+    model = TwoLayers()
+    backend, compiled = _compiled(model, "fx")
+    compiled(_inputs(0)).sum().backward()
+    model.zero_grad(set_to_none=True)
+    optimizer = offload(torch.optim.SGD(model.parameters(), lr=0.1), backend, model=compiled,
+                        cpu_fraction=1.0, subgroups=2)
+    counts = _count_copies(monkeypatch)
+    compiled(torch.randn(6, 7)).sum().backward()
+    assert len(backend.graphs) == 2
+    assert counts == {"announced": len(list(model.parameters())), "hook": 0}
+    optimizer.step()
+    optimizer.close()
