@@ -181,7 +181,8 @@ def test_a_parameter_used_by_two_graphs_is_copied_by_its_hook_after_the_first_st
         assert torch.equal(a, b), name
 
 
-def test_an_announcement_does_not_outlive_its_backward_and_close_stops_listening():
+def _compiled_and_offloaded():
+    """TwoLayers compiled under fx (one step run) and an SGD offloaded from its backend."""
     torch.manual_seed(0)
     model = TwoLayers()
     backend, compiled = _compiled(model, "fx")
@@ -189,6 +190,11 @@ def test_an_announcement_does_not_outlive_its_backward_and_close_stops_listening
     model.zero_grad(set_to_none=True)
     optimizer = offload(torch.optim.SGD(model.parameters(), lr=0.1), backend, model=compiled,
                         cpu_fraction=1.0, subgroups=2)
+    return model, backend, compiled, optimizer
+
+
+def test_an_announcement_does_not_outlive_its_backward_and_close_stops_listening():
+    model, backend, compiled, optimizer = _compiled_and_offloaded()
     # torch.autograd.grad accumulates nothing: no hook checks the announcements, and
     # the end of the backward forgets them (a later tensor may reuse their addresses)
     torch.autograd.grad(compiled(_inputs(1)).sum(), list(model.parameters()))
@@ -207,17 +213,10 @@ def test_an_announcement_does_not_outlive_its_backward_and_close_stops_listening
     assert not any(s in announcements._listeners for s in sources)
 
 
-
 def test_a_graph_compiled_after_the_optimizer_is_listened_to(monkeypatch):
     """A new batch size after offload(): Dynamo compiles another graph, whose first
     grad_ready call lets the optimizer find and listen to its announcements."""
-    torch.manual_seed(0)
-    model = TwoLayers()
-    backend, compiled = _compiled(model, "fx")
-    compiled(_inputs(0)).sum().backward()
-    model.zero_grad(set_to_none=True)
-    optimizer = offload(torch.optim.SGD(model.parameters(), lr=0.1), backend, model=compiled,
-                        cpu_fraction=1.0, subgroups=2)
+    model, backend, compiled, optimizer = _compiled_and_offloaded()
     counts = _count_copies(monkeypatch)
     compiled(torch.randn(6, 7)).sum().backward()
     assert len(backend.graphs) == 2
