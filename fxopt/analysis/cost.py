@@ -59,6 +59,7 @@ __all__ = [
     "is_view_op",
     "node_cost",
     "return_aliases",
+    "storage_root",
 ]
 
 KINDS = ("matmul", "conv", "attention", "pointwise", "reduction", "view", "other")
@@ -163,6 +164,17 @@ def return_aliases(node: fx.Node) -> list[Any]:
                 break
         sources.append(source)
     return sources
+
+
+def storage_root(node: fx.Node) -> fx.Node:
+    """The node whose storage ``node``'s value lives in: ``node`` itself where its op returns
+    a new tensor (or aliases more than one input), else the root of the one input it
+    aliases (a view, an in-place op, ``_unsafe_view``)."""
+    while True:
+        sources = return_aliases(node)
+        if len(sources) != 1 or not isinstance(sources[0], fx.Node):
+            return node
+        node = sources[0]
 
 
 def node_cost(node: fx.Node) -> NodeCost:

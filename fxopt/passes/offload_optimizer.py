@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fxopt.analysis.cost import is_view_op, node_cost
+from fxopt.analysis.cost import node_cost, storage_root
 from fxopt.optim.grad_ready import GRAD_READY, new_graph_id
 from fxopt.optim.link import DEFAULT_SUBGROUPS
 from fxopt.optim.model import ParamInfo, plan_offload, split_subgroups
@@ -93,7 +93,7 @@ def _announce_gradients(gm: fx.GraphModule, gradients: list[dict[str, Any]],
     announced = 0
     for grad in gradients:
         node = nodes[grad["node"]]
-        if _storage_root(node).op == "placeholder":
+        if storage_root(node).op == "placeholder":
             continue
         with gm.graph.inserting_after(node):
             call = gm.graph.call_function(GRAD_READY,
@@ -103,14 +103,6 @@ def _announce_gradients(gm: fx.GraphModule, gradients: list[dict[str, Any]],
     if announced:
         gm.recompile()
     return announced
-
-
-def _storage_root(node: fx.Node) -> fx.Node:
-    """The node whose storage ``node``'s value lives in, through views."""
-    while node.op == "call_function" and is_view_op(node.target) and node.args \
-            and isinstance(node.args[0], fx.Node):
-        node = node.args[0]
-    return node
 
 
 def _budget(gm: fx.GraphModule, ctx: PassContext, hardware: HardwareProfile) -> int | None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fxopt.analysis.cost import node_cost, return_aliases
+from fxopt.analysis.cost import node_cost, storage_root
 from fxopt.analysis.memory import (
     MemoryEstimate,
     estimate_joint_memory,
@@ -161,18 +161,6 @@ def recompute_chain(node: fx.Node, stop: set[fx.Node], *, random_ok: bool = Fals
     return sorted(chain, key=order.__getitem__), reads
 
 
-def _base(node: fx.Node, memo: dict[fx.Node, fx.Node]) -> fx.Node:
-    if node in memo:
-        return memo[node]
-    base = node
-    if node.op == "call_function" and node.target is not operator.getitem:
-        sources = return_aliases(node)
-        if len(sources) == 1 and isinstance(sources[0], fx.Node):
-            base = _base(sources[0], memo)
-    memo[node] = base
-    return base
-
-
 def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
                   profile: HardwareProfile) -> JointAnalysis:
     estimate = estimate_joint_memory(gm, num_fwd_outputs)
@@ -185,8 +173,7 @@ def analyse_joint(gm: fx.GraphModule, num_fwd_outputs: int,
     saved = [n for n in gm.graph.nodes if n in forward and n.op != "placeholder"
              and isinstance(n.meta.get("val"), torch.Tensor)
              and any(u in step_of and step_of[u] >= bw_start for u in n.users)]
-    memo: dict[fx.Node, fx.Node] = {}
-    base = {n: _base(n, memo) for n in gm.graph.nodes}
+    base = {n: storage_root(n) for n in gm.graph.nodes}
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     held = {base[n] for n in output.all_input_nodes}
     aliases: dict[fx.Node, list[fx.Node]] = {}

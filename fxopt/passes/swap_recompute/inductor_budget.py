@@ -63,7 +63,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from fxopt import _compat
-from fxopt.analysis.cost import return_aliases
+from fxopt.analysis.cost import storage_root
 from fxopt.analysis.memory import estimate_step_memory
 from fxopt.analysis.shapes import storage_nbytes
 from fxopt.passes.swap_recompute.apply import mark_recompute
@@ -200,10 +200,8 @@ def saved_input_bytes(forward: fx.GraphModule, backward: fx.GraphModule,
     kept: dict[str, int] = {}
     for placeholder in backward.graph.find_nodes(op="placeholder"):
         node = by_name.get(placeholder.name)
-        while node is not None and node.op == "call_function":
-            sources = return_aliases(node)
-            node = sources[0] if len(sources) == 1 and isinstance(sources[0], fx.Node) \
-                else None
+        if node is not None:
+            node = storage_root(node)
         if node is not None and node.op == "placeholder" and node.name in inputs:
             kept[node.name] = storage_nbytes(node.meta.get("val"))
     return sum(kept.values())
