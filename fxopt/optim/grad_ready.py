@@ -11,9 +11,9 @@ backward graph right after the node that produces the gradient of forward input 
 of compiled graph ``graph``. At run time the op calls the listener registered for that
 (graph, input), if any (:func:`listen`); without one it does nothing. A graph's first call
 tells the watchers first (:func:`watch_new_graphs`), so a graph compiled later than its
-listeners were set up can still be listened to. The offloaded
-optimizer listens for its host-updated parameters and starts each gradient's copy to the
-host there, on its copy stream (:mod:`fxopt.optim.runtime`).
+listeners were set up can still be listened to. The offloaded optimizer listens for its
+host-updated parameters and starts each gradient's copy to the host there, on its copy
+stream (:mod:`fxopt.optim.host_grads`).
 
 The schema says the op mutates ``grad``, though it only reads it: a mutating op is kept by
 every dead-code elimination (fx's, AOTAutograd's, Inductor's) in every supported torch,
@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["GRAD_READY", "Listening", "Watching", "grad_ready", "listen", "new_graph_id",
+__all__ = ["GRAD_READY", "Registration", "grad_ready", "listen", "new_graph_id",
            "watch_new_graphs"]
 
 _graph_ids = itertools.count()
 _listeners: dict[tuple[int, int], Callable[[torch.Tensor], None]] = {}
-_watchers: list[Callable[[int], None]] = []
+_watchers: list[Callable[[], None]] = []
 _seen_graphs: set[int] = set()
 _lock = threading.Lock()
 
@@ -54,7 +54,7 @@ def grad_ready(grad: torch.Tensor, graph: int, input: int) -> None:
             _seen_graphs.add(graph)
             watchers = list(_watchers)
         for watcher in watchers:
-            watcher(graph)
+            watcher()
     listener = _listeners.get((graph, input))
     if listener is not None:
         listener(grad)
@@ -68,46 +68,31 @@ def _grad_ready_fake(grad: torch.Tensor, graph: int, input: int) -> None:
 GRAD_READY = torch.ops.fxopt.grad_ready.default
 
 
-class Watching:
-    """The handle of :func:`watch_new_graphs`: ``remove()`` unregisters (idempotent)."""
+class Registration:
+    """The handle of :func:`listen` and :func:`watch_new_graphs`: ``remove()`` unregisters
+    (idempotent), as a hook's handle does."""
 
-    def __init__(self, watcher: Callable[[int], None]) -> None:
-        self._watcher: Callable[[int], None] | None = watcher
+    def __init__(self, undo: Callable[[], None]) -> None:
+        self._undo: Callable[[], None] | None = undo
 
     def remove(self) -> None:
-        with _lock:
-            if self._watcher in _watchers:
-                _watchers.remove(self._watcher)
-        self._watcher = None
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            with _lock:
+                undo()
 
 
-def watch_new_graphs(watcher: Callable[[int], None]) -> Watching:
-    """Call ``watcher(graph id)`` when a graph's first ``grad_ready`` call comes, before
-    its listener is looked up: a graph compiled after its gradients' listeners were set up
+def watch_new_graphs(watcher: Callable[[], None]) -> Registration:
+    """Call ``watcher()`` when a graph's first ``grad_ready`` call comes, before its
+    listener is looked up: a graph compiled after its gradients' listeners were set up
     (Dynamo's recompile for a new shape) can be listened to there."""
     with _lock:
         _watchers.append(watcher)
-    return Watching(watcher)
-
-
-class Listening:
-    """The handle of :func:`listen`: ``remove()`` unregisters (idempotent), as a hook's
-    handle does."""
-
-    def __init__(self, keys: list[tuple[int, int]],
-                 callback: Callable[[torch.Tensor], None]) -> None:
-        self._keys, self._callback = keys, callback
-
-    def remove(self) -> None:
-        with _lock:
-            for key in self._keys:
-                if _listeners.get(key) is self._callback:  # not a later listener's
-                    del _listeners[key]
-        self._keys = []
+    return Registration(lambda: _watchers.remove(watcher))
 
 
 def listen(sources: Iterable[tuple[int, int]],
-           callback: Callable[[torch.Tensor], None]) -> Listening:
+           callback: Callable[[torch.Tensor], None]) -> Registration:
     """Call ``callback(grad)`` whenever a compiled backward produces the gradient of one of
     ``sources`` ((graph id, forward input position) pairs). A source has one listener: a
     later ``listen`` for it replaces the earlier (the newest optimizer wrapping a
@@ -116,4 +101,9 @@ def listen(sources: Iterable[tuple[int, int]],
     with _lock:
         for key in keys:
             _listeners[key] = callback
-    return Listening(keys, callback)
+
+    def undo() -> None:
+        for key in keys:
+            if _listeners.get(key) is callback:  # not a later listener's
+                del _listeners[key]
+    return Registration(undo)

@@ -82,25 +82,23 @@ class GradientCopies:
         self._forget_queued = False
         self._find_sources = find_sources
         self._listened: set[tuple[int, int]] = set()
-        owner = weakref.ref(self)
         self.handles: list[Any] = [
-            hp.param.register_post_accumulate_grad_hook(_on_accumulated(owner, i))
+            hp.param.register_post_accumulate_grad_hook(_weakly(self.accumulated, i))
             for i, hp in host.items()]
         if find_sources is not None:
             self.listen_to_new_sources()
-            self.handles.append(watch_new_graphs(_on_new_graph(owner)))
+            self.handles.append(watch_new_graphs(_weakly(self.listen_to_new_sources)))
 
     def listen_to_new_sources(self) -> None:
         """Listen to each host parameter's announcements not listened to yet (a parameter
         has one per compiled graph that computes its gradient: Dynamo's recompiles for new
         shapes, or graphs on both sides of a graph break that both use it)."""
-        sources = self._find_sources() if self._find_sources is not None else {}
-        owner = weakref.ref(self)
+        sources = self._find_sources()
         for i in self._host:
             new = [key for key in sources.get(i, ()) if key not in self._listened]
             if new:
                 self._listened.update(new)
-                self.handles.append(listen(new, _on_announced(owner, i)))
+                self.handles.append(listen(new, _weakly(self.announced, i)))
 
     def copy(self, hp: HostParam) -> None:
         """Copy ``hp``'s current ``.grad`` (if any) and remember which tensor it was."""
@@ -135,10 +133,10 @@ class GradientCopies:
         if self._stream is not None:
             self._stream.synchronize()
 
-    def accumulated(self, index: int) -> None:
+    def accumulated(self, index: int, param: torch.Tensor) -> None:
         hp = self._host[index]
         announced, hp.announced = hp.announced, None
-        grad = hp.param.grad
+        grad = param.grad
         if grad is not None and announced is not None and _layout(grad) == announced:
             hp.fresh_grad, hp.fresh_version = grad, grad._version  # already copying
             return
@@ -173,25 +171,14 @@ class GradientCopies:
             hp.announced = None
 
 
-def _on_accumulated(owner: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:
-    def grad_accumulated(param: torch.Tensor) -> None:
-        copies = owner()
-        if copies is not None:
-            copies.accumulated(index)
-    return grad_accumulated
+def _weakly(method: Callable[..., None], *first: Any) -> Callable[..., None]:
+    """``method`` (bound) called with ``first`` and then the caller's arguments, holding its
+    object weakly: a hook or a listener must not keep the copies (module doc); once they
+    are gone the call does nothing."""
+    ref = weakref.WeakMethod(method)
 
-
-def _on_new_graph(owner: weakref.ref) -> Callable[[int], None]:
-    def graph_seen(graph: int) -> None:
-        copies = owner()
-        if copies is not None:
-            copies.listen_to_new_sources()
-    return graph_seen
-
-
-def _on_announced(owner: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:
-    def grad_produced(grad: torch.Tensor) -> None:
-        copies = owner()
-        if copies is not None:
-            copies.announced(index, grad)
-    return grad_produced
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*first, *args)
+    return call
