@@ -119,7 +119,6 @@ class Check:
 
     def __init__(self, device: torch.device, sizes: Sizes, tiny: bool) -> None:
         self.device, self.sizes, self.tiny = device, sizes, tiny
-        self.last_gpt2: tuple[Any, torch.Tensor] | None = None  # (model, ids) just built
         self.eager_loss: dict[str, float] = {}
         self.peaks: dict[str, int] = {}     # configuration -> peak + resident bytes
 
@@ -174,7 +173,9 @@ class Check:
 
     def gpt2_step(self, prepare: Callable[[torch.nn.Module], Any], dropout: float = 0.1,
                   batch: int | None = None, optimizer: Callable[[Any, Any], Any] | None = None
-                  ) -> tuple[Callable[[], torch.Tensor], Any]:
+                  ) -> tuple[Callable[[], torch.Tensor], tuple[Any, torch.Tensor]]:
+        """One GPT-2 training step (returns its loss), and the model ``prepare`` made with
+        the input ids it runs on."""
         s = self.sizes
         torch.manual_seed(0)
         with torch.device(self.device):
@@ -184,7 +185,6 @@ class Check:
         ids = torch.randint(0, s.gpt2["vocab"], (batch or s.gpt2_batch, s.gpt2_seq),
                             device=self.device)
         opt = optimizer(model, compiled) if optimizer is not None else None
-        self.last_gpt2 = (compiled, ids)
 
         def step() -> torch.Tensor:
             with self.autocast():
@@ -197,39 +197,41 @@ class Check:
                 model.zero_grad(set_to_none=True)
             return loss.detach()
 
-        return step, model
+        return step, (compiled, ids)
+
+    def gpt2_row(self, row: Row, prepare: Callable[[torch.nn.Module], Any], sites: bool,
+                 backends: tuple[fxopt.Backend, ...] = ()) -> None:
+        """Measure GPT-2 as ``prepare`` makes it into ``row``; ``sites``: also what is alive
+        at the peak (:meth:`peak_sites`)."""
+        step, built = self.gpt2_step(prepare)
+        self.measure(row, step, "eager", backends)
+        if sites:
+            self.peak_sites(row, *built)
 
     def gpt2_case(self, prepare: Callable[[torch.nn.Module], Any],
                   context: Callable[[], Any] = contextlib.nullcontext,
                   sites: bool = False) -> Callable[[Row], None]:
         def run(row: Row) -> None:
             with context():
-                step, _ = self.gpt2_step(prepare)
-                self.measure(row, step, "eager")
-                if sites:
-                    self.peak_sites(row)
+                self.gpt2_row(row, prepare, sites)
         return run
 
     def gpt2_fxopt(self, context: Callable[[], Any] = contextlib.nullcontext,
                    sites: bool = False, **options: Any) -> Callable[[Row], None]:
         """GPT-2 compiled by a backend made when the case runs (a refused option fails the
-        row, not the list), every step under ``context``; ``sites``: also what is alive at
-        the peak (:meth:`peak_sites`)."""
+        row, not the list), every step under ``context``; ``sites``: as :meth:`gpt2_row`."""
         def run(row: Row) -> None:
             with context():
                 backend = self.fxopt(**options)
-                step, _ = self.gpt2_step(lambda m: torch.compile(m, backend=backend))
-                self.measure(row, step, "eager", (backend,))
-                if sites:
-                    self.peak_sites(row)
+                self.gpt2_row(row, lambda m: torch.compile(m, backend=backend), sites,
+                              (backend,))
         return run
 
-    def peak_sites(self, row: Row) -> None:
-        """Note what is alive at the peak of the GPT-2 step just measured, by category and
-        the op or compiled graph that allocated it (``fxopt.profile_memory``, one more
-        step): where a configuration's peak differs from another's (issue 29.1's extra
-        logits tensor under fxopt's defaults), these say which allocation it is."""
-        compiled, ids = self.last_gpt2
+    def peak_sites(self, row: Row, compiled: Any, ids: torch.Tensor) -> None:
+        """Note what is alive at the peak of a GPT-2 step of ``compiled`` on ``ids``, by
+        category and the op or compiled graph that allocated it (``fxopt.profile_memory``,
+        one more step): where a configuration's peak differs from another's (issue 29.1's
+        extra logits tensor under fxopt's defaults), these say which allocation it is."""
         with self.autocast():
             profile = fxopt.profile_memory(compiled, {"input_ids": ids, "labels": ids},
                                            loss_fn=lambda out: out.loss, warmup=0, steps=1)
@@ -250,9 +252,8 @@ class Check:
             raise RuntimeError("needs eager's peak, which did not run")
         budget = int(0.4 * self.peaks.get("eager", 2**24))
         backend = self.fxopt(memory_budget=budget, strict=False)
-        step, _ = self.gpt2_step(lambda m: torch.compile(m, backend=backend))
         row.notes.append(f"budget {budget / 2**20:.0f} MiB")
-        self.measure(row, step, "eager", (backend,))
+        self.gpt2_row(row, lambda m: torch.compile(m, backend=backend), False, (backend,))
 
     # ---- RNNs ------------------------------------------------------------------------
 
