@@ -16,6 +16,7 @@ import copy
 
 import pytest
 import torch
+from models import MLP
 from torch import nn
 
 import fxopt
@@ -25,15 +26,7 @@ from fxopt.optim.host_grads import GradientCopies
 from fxopt.optim.link import gradient_sources
 
 CODEGENS = ["fx", "inductor"]
-
-
-class TwoLayers(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(7, 9), nn.Linear(9, 5)
-
-    def forward(self, x):
-        return self.b(torch.tanh(self.a(x)))
+WIDTH = 13  # MLP's input
 
 
 class TiedAcrossABreak(nn.Module):
@@ -56,13 +49,13 @@ def _compiled(model, codegen):
 
 
 def _inputs(step):
-    return torch.randn(4, 7, generator=torch.Generator().manual_seed(step))
+    return torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(step))
 
 
 @pytest.mark.parametrize("codegen", CODEGENS)
 def test_the_compiled_backward_announces_each_gradient_before_autograd_sees_any(codegen):
     torch.manual_seed(0)
-    model = TwoLayers()
+    model = MLP()
     backend, compiled = _compiled(model, codegen)
     compiled(_inputs(0)).sum().backward()  # compiles
     model.zero_grad(set_to_none=True)
@@ -134,7 +127,7 @@ WHERE = [("fx", "cpu"), ("inductor", "cpu"),
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_host_gradients_are_copied_at_their_announcement_and_train_bit_identically(
         codegen, device, micro_batches, monkeypatch):
-    model, compiled, backend, twin, twin_compiled = _twins(TwoLayers, codegen, device)
+    model, compiled, backend, twin, twin_compiled = _twins(MLP, codegen, device)
     for m in (compiled, twin_compiled):  # compile, so the pass has recorded the graph
         m(_inputs(0).to(device)).sum().backward()
     model.zero_grad(set_to_none=True)
@@ -144,12 +137,12 @@ def test_host_gradients_are_copied_at_their_announcement_and_train_bit_identical
     hooked = offload(torch.optim.AdamW(twin.parameters(), lr=1e-2), twin, cpu_fraction=1.0,
                      subgroups=2)
     counts = _count_copies(monkeypatch)
-    _train(compiled, announced, 3, micro_batches, 7, device)
+    _train(compiled, announced, 3, micro_batches, WIDTH, device)
     n = len(list(model.parameters()))
     # the first micro-batch's gradients at their announcement; a later one's sum, which
     # autograd adds into the existing .grad after the graph, by the hook
     assert counts == {"announced": 3 * n, "hook": 3 * n * (micro_batches - 1)}
-    _train(twin_compiled, hooked, 3, micro_batches, 7, device)
+    _train(twin_compiled, hooked, 3, micro_batches, WIDTH, device)
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(a, b), name
     assert all(hp.announced is None for hp in announced._host.values())  # forgotten
@@ -182,9 +175,9 @@ def test_a_parameter_used_by_two_graphs_is_copied_by_its_hook_after_the_first_st
 
 
 def _compiled_and_offloaded():
-    """TwoLayers compiled under fx (one step run) and an SGD offloaded from its backend."""
+    """MLP compiled under fx (one step run) and an SGD offloaded from its backend."""
     torch.manual_seed(0)
-    model = TwoLayers()
+    model = MLP()
     backend, compiled = _compiled(model, "fx")
     compiled(_inputs(0)).sum().backward()
     model.zero_grad(set_to_none=True)
@@ -218,7 +211,7 @@ def test_a_graph_compiled_after_the_optimizer_is_listened_to(monkeypatch):
     grad_ready call lets the optimizer find and listen to its announcements."""
     model, backend, compiled, optimizer = _compiled_and_offloaded()
     counts = _count_copies(monkeypatch)
-    compiled(torch.randn(6, 7)).sum().backward()
+    compiled(torch.randn(6, WIDTH)).sum().backward()
     assert len(backend.graphs) == 2
     assert counts == {"announced": len(list(model.parameters())), "hook": 0}
     optimizer.step()
