@@ -1,6 +1,7 @@
 """fxopt's passes under codegen="inductor" (issue 17): each one that composes with Inductor
-trains like eager, fires, and nothing falls back (strict). fxopt's own ops (tempo's, the
-fused RNN cells) reach Inductor as custom ops that it calls as extern kernels.
+trains like eager, fires, and nothing falls back (strict). tempo's ops and the fused RNN
+cells reach Inductor in their fusible forms, which it generates itself; fxopt's other ops
+as custom ops that it calls as extern kernels.
 
 swap_recompute under a budget with Inductor is tested in
 tests/passes/test_swap_recompute.py (test_inductor_codegen_with_min_cut_partitioner);

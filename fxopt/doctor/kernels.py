@@ -62,27 +62,35 @@ def check_kernels(device: torch.device) -> dict[str, Any]:
     # tempo: GELU's derivative comes from a fitted polynomial (relative error below 1e-3,
     # the fit's bar); bf16: each op rounds to bf16 (4e-3), seven ops (the property test's)
     fitted, rounded = {torch.float32: (1e-3, 1e-3)}, {torch.bfloat16: (5e-2, 3e-2)}
-    cases = [("tempo", "LayerNorm+GELU+RMSNorm", _NormMLP, tokens, torch.float32, fitted),
-             ("fuse_rnn", "LSTM", _LSTMModel, tokens, torch.float32, {}),
-             ("fuse_rnn", "GRU", lambda: _LSTMModel(cell=nn.GRU), tokens, torch.float32, {})]
+    # fuse_rnn's cells: under the default generator (Inductor) their fusible forms, under
+    # fx the custom ops' own Triton kernels
+    fx = {"codegen": "fx"}
+    cases = [("tempo", "LayerNorm+GELU+RMSNorm", _NormMLP, tokens, torch.float32, fitted, {}),
+             ("fuse_rnn", "LSTM", _LSTMModel, tokens, torch.float32, {}, {}),
+             ("fuse_rnn", "LSTM", _LSTMModel, tokens, torch.float32, {}, fx),
+             ("fuse_rnn", "GRU", lambda: _LSTMModel(cell=nn.GRU), tokens, torch.float32, {},
+              {}),
+             ("fuse_rnn", "GRU", lambda: _LSTMModel(cell=nn.GRU), tokens, torch.float32,
+              {}, fx)]
     if triton_runs_on(device):  # the generated kernels need Triton (or its interpreter)
         cases += [("fuse_elementwise", "pointwise chain", lambda: _pointwise_chain,
-                   chain_inputs, dtype, rounded) for dtype in (torch.float32, torch.bfloat16)]
+                   chain_inputs, dtype, rounded, {})
+                  for dtype in (torch.float32, torch.bfloat16)]
     results = {"kernels": "Triton" if triton_runs_on(device) else "torch references"}
     if not triton_runs_on(device):
         results["not run"] = ("generated pointwise kernels (no Triton on this device; on a "
                               "CPU, TRITON_INTERPRET=1 runs them)")
-    for name, label, build, inputs, dtype, tolerances in cases:
+    for name, label, build, inputs, dtype, tolerances, options in cases:
         model = build()
         if isinstance(model, nn.Module):
             model = model.to(device=device, dtype=dtype)
         torch.compiler.reset()
         torch.manual_seed(0)
-        family = f"{label} {str(dtype)[6:]}"
+        family = f"{label} {str(dtype)[6:]}" + "".join(f", {k}={v}" for k, v in options.items())
         try:
             with dynamo_allow_rnn(), _without_tf32():
                 comparison = assert_same_as_eager(model, inputs(dtype),
-                                                  {name: True, "strict": True},
+                                                  {name: True, "strict": True, **options},
                                                   tolerances=tolerances)
         except AssertionError as error:
             raise Failed(f"{family} ({name}) not close to eager without TF32: "

@@ -26,6 +26,14 @@ is given by ``order``: ``order[k]`` is the chunk of ``a``/``b`` that holds gate 
 op computes in fp32 and returns the dtype that eager's math would give (the promotion of
 its inputs). Gradients of ``a`` and ``b`` are the pre-activation gate gradients (for the
 GRU, the n-gate part of ``b``'s is scaled by ``r``); bias gradients are their column sums.
+
+Fusible forms (:func:`fusible_lstm_cell`, :func:`fusible_gru_cell`): the same step as an
+autograd Function of the references, which fuse_rnn inserts under a code generator that
+fuses pointwise ops (Inductor). AOTAutograd traces through it, and Inductor generates the
+forward and the backward as one kernel each, launched from its compiled code: called as an
+extern op, each step paid the host a Python dispatch and a Triton launch, which bound the
+GPU's LSTMCell loop (tests/passes/fuse_rnn/test_fuse_rnn_inductor.py counts the launches).
+They hand backward the op's tensors; which are kept is then the partitioner's choice.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ import torch
 
 from fxopt.kernels import triton_installed, triton_runs_on
 
-__all__ = ["lstm_cell", "gru_cell", "LSTM_ORDER", "GRU_ORDER"]
+__all__ = ["lstm_cell", "gru_cell", "fusible_lstm_cell", "fusible_gru_cell", "LSTM_ORDER",
+           "GRU_ORDER"]
 
 LSTM_ORDER = (0, 1, 2, 3)  # PyTorch's chunk order: input, forget, cell candidate, output
 GRU_ORDER = (0, 1, 2)      # reset, update, new
@@ -387,10 +396,12 @@ def _lstm_setup_context(ctx, inputs, output):
     ctx.bias_dtypes = _bias_dtypes(bias_a, bias_b)
 
 
-def _lstm_backward(ctx, dh, dc, _dgates):
+def _lstm_backward(ctx, dh, dc, _dgates, step=lstm_cell_backward):
+    """The op's gradients from ``step`` (the backward op, or in the fusible form its
+    reference), cast back to the inputs' dtypes, with the biases' column sums."""
     gates, c, c_new = ctx.saved_tensors
-    d_pre, dc_prev = lstm_cell_backward(_grad_or_zeros(dh, c_new), _grad_or_zeros(dc, c_new),
-                                        gates, c, c_new, ctx.order)
+    d_pre, dc_prev = step(_grad_or_zeros(dh, c_new), _grad_or_zeros(dc, c_new), gates, c,
+                          c_new, ctx.order)
     a_dtype, b_dtype, c_dtype = ctx.dtypes
     bias_a, bias_b = ctx.bias_dtypes
     return (d_pre.to(a_dtype), d_pre.to(b_dtype), dc_prev.to(c_dtype),
@@ -438,9 +449,10 @@ def _gru_setup_context(ctx, inputs, output):
     ctx.bias_dtypes = _bias_dtypes(bias_a, bias_b)
 
 
-def _gru_backward(ctx, dh, _dsaved):
+def _gru_backward(ctx, dh, _dsaved, step=gru_cell_backward):
+    """As :func:`_lstm_backward`, for the GRU."""
     saved, h = ctx.saved_tensors
-    da, db, dh_prev = gru_cell_backward(_grad_or_zeros(dh, h), saved, h, ctx.order)
+    da, db, dh_prev = step(_grad_or_zeros(dh, h), saved, h, ctx.order)
     a_dtype, b_dtype, h_dtype = ctx.dtypes
     bias_a, bias_b = ctx.bias_dtypes
     return (da.to(a_dtype), db.to(b_dtype), dh_prev.to(h_dtype), _bias_grad(da, bias_a),
@@ -448,3 +460,39 @@ def _gru_backward(ctx, dh, _dsaved):
 
 
 gru_cell.register_autograd(_gru_backward, setup_context=_gru_setup_context)
+
+
+# ---------------------------------------------------------------- fusible forms
+
+def _fusible(name, forward_reference, setup_context, backward, backward_reference):
+    """An autograd Function computing a cell op by its references, as torch ops AOTAutograd
+    traces through: it saves what the op saves (``setup_context``), its last output (the
+    tensors saved for backward) is not differentiable, and ``backward`` is the op's own
+    with the reference as its step."""
+    def forward(ctx, *inputs):
+        output = forward_reference(*inputs)
+        setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[-1])
+        return output
+
+    def backward_by_reference(ctx, *grads):
+        return backward(ctx, *grads, step=backward_reference)
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward_by_reference)})
+
+
+_FusibleLstmCell = _fusible("_FusibleLstmCell", lstm_forward_reference, _lstm_setup_context,
+                            _lstm_backward, lstm_backward_reference)
+_FusibleGruCell = _fusible("_FusibleGruCell", gru_forward_reference, _gru_setup_context,
+                           _gru_backward, gru_backward_reference)
+
+
+def fusible_lstm_cell(a, b, c, bias_a, bias_b, order):
+    """``fxopt::lstm_cell``'s outputs, computed by torch ops a code generator fuses."""
+    return _FusibleLstmCell.apply(a, b, c, bias_a, bias_b, order)
+
+
+def fusible_gru_cell(a, b, h, bias_a, bias_b, order):
+    """``fxopt::gru_cell``'s outputs, computed by torch ops a code generator fuses."""
+    return _FusibleGruCell.apply(a, b, h, bias_a, bias_b, order)

@@ -141,9 +141,10 @@ CPU_DEFAULT = HardwareProfile(
 # by default; torch's matmuls do not), fp32 67; HBM3 3.35 TB/s; PCIe Gen5 x16 64 GB/s.
 # Host costs per launch (fxopt.planner.forms): a CUDA launch from compiled code is a few
 # microseconds, an eager op with autograd's recording (or an autograd node) some 10-20;
-# a Python custom op launching a Triton kernel (fuse_rnn's cells) is what the H100 table
-# implies (benchmarks/results/gpu_h100_2026-11-26.md); a kernel waiting on the previous
-# one takes at least the device's launch latency. tests/planner/test_gpu_forms.py checks
+# a Python custom op launching a Triton kernel (fuse_rnn's cells as the H100 table measured
+# them under Inductor; now fx's form) is what that table implies
+# (benchmarks/results/gpu_h100_2026-11-26.md); a kernel waiting on the previous one takes
+# at least the device's launch latency. tests/planner/test_gpu_forms.py checks
 # the step times these predict against that table.
 _GPU_HOST_COSTS = dict(kernel_launch_seconds=6e-6, eager_op_seconds=20e-6,
                        python_op_seconds=170e-6, kernel_latency_seconds=7e-6)

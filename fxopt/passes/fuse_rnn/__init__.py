@@ -11,7 +11,8 @@ and hoists the input projections of unrolled loops into one GEMM each (`hoist`).
 
 Each fused step is the ``fxopt::lstm_cell`` / ``fxopt::gru_cell`` custom op of
 `fxopt.kernels.fuse_rnn` (Triton forward and backward kernels where Triton runs, the torch
-reference elsewhere, so the pass fires on every device). Stats: ``fused`` counts per form,
+reference elsewhere, so the pass fires on every device), or under Inductor its fusible form,
+which Inductor generates and launches from compiled code. Stats: ``fused`` counts per form,
 ``declined`` counts per form and reason, ``hoisted_input_projections``.
 """
 

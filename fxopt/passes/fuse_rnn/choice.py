@@ -3,18 +3,20 @@ library, decided by the GPU cost model (:mod:`fxopt.planner.forms`, issue 30.2).
 
 On CUDA the call's two forms are priced with the device's hardware profile: cuDNN's (one
 launch per layer and direction from cuDNN's C++ loop, the recurrent GEMM and the cell
-chained per step on the device) and fuse_rnn's unrolled one (per step a GEMM and the
-Python cell op forward, the cell's backward op and four compiled launches backward, all
-paid by the host). ``fuse_rnn="auto"`` leaves the call to cuDNN when cuDNN is predicted
-faster; recompute_rnn then takes it (its default on CUDA under "auto", budget or not), so
-it runs as one library call, recomputed in the backward, instead of AOTAutograd's per-step
-decomposition. The recompute adds the call's forward (by the counts of
-:func:`~fxopt.planner.forms.rnn_call_work`, well under the unrolled form's host time at
-the table's sizes); ``fuse_rnn=True`` unrolls it anyway, warning once per call with the
+chained per step on the device) and fuse_rnn's unrolled one as the graph's code generator
+runs it (under Inductor the fusible cells: per step five launches from compiled code,
+bound by the device's chain of skinny GEMMs and the weight gradient's accumulation; under
+fx the Python cell ops, bound by the host). ``fuse_rnn="auto"`` leaves the call to cuDNN
+when cuDNN is predicted faster; recompute_rnn then takes it (its default on CUDA under
+"auto", budget or not), so it runs as one library call, recomputed in the backward,
+instead of AOTAutograd's per-step decomposition. The recompute adds the call's forward (by
+the counts of :func:`~fxopt.planner.forms.rnn_call_work`, well under the unrolled form's
+time at the table's sizes); ``fuse_rnn=True`` unrolls it anyway, warning once per call with the
 predicted slowdown. Cells and hand-written loops are always fused: the table shows the
-fused LSTMCell loop ahead of eager (benchmarks/results/gpu_h100_2026-11-26.md). On other
-devices there is no library kernel to compare with (the CPU's RNN is not cuDNN), and the
-call is unrolled as before.
+fused LSTMCell loop ahead of eager (benchmarks/results/gpu_h100_2026-11-26.md), and the
+model predicts the fusible form ahead of plain torch.compile's too. On other devices
+there is no library kernel to compare with (the CPU's RNN is not cuDNN), and the call is
+unrolled as before.
 """
 
 from __future__ import annotations
@@ -53,17 +55,18 @@ class RnnChoice:
 
 def choose(node_name: str, mode: str, batch: int, steps: int, input_size: int, hidden: int,
            layers: int, directions: int, dtype: torch.dtype, device: torch.device,
-           hardware: HardwareProfile | None = None) -> RnnChoice | None:
-    """The cost model's choice for one call, or None off CUDA (no library form to price)."""
+           fusible: bool, hardware: HardwareProfile | None = None) -> RnnChoice | None:
+    """The cost model's choice for one call, or None off CUDA (no library form to price);
+    ``fusible``: whether the code generator fuses the cells (Inductor) or calls the ops."""
     if device.type != "cuda":
         return None
     hw = hardware or profile_for(device)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    unrolled = "fusible" if fusible else "fused"
     times = {form: forms.predict(forms.rnn_call_work(
         mode, batch, steps, input_size, hidden, layers, directions, form, hw,
-        itemsize=itemsize), hw).ms for form in ("cudnn", "fused")}
-    return RnnChoice(node_name, times["cudnn"], times["fused"], hw.name,
-                     times["cudnn"] < times["fused"])
+        itemsize=dtype.itemsize), hw).ms for form in ("cudnn", unrolled)}
+    return RnnChoice(node_name, times["cudnn"], times[unrolled], hw.name,
+                     times["cudnn"] < times[unrolled])
 
 
 def warn_forced(choice: RnnChoice) -> None:

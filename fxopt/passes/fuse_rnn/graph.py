@@ -14,11 +14,15 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-import fxopt.kernels.fuse_rnn  # noqa: F401  (registers the fxopt::lstm_cell / gru_cell ops)
+from fxopt.kernels import fuse_rnn as _kernels
 from fxopt.passes.base import PassContext, Verdicts
 from fxopt.passes.torch_calls import is_call
 
 PASS = "fuse_rnn"
+# the fused step per cell kind: {fuses pointwise: target}
+CELLS = {"lstm": {False: torch.ops.fxopt.lstm_cell.default,
+                  True: _kernels.fusible_lstm_cell},
+         "gru": {False: torch.ops.fxopt.gru_cell.default, True: _kernels.fusible_gru_cell}}
 
 
 def is_op(node: Any, name: str) -> bool:
@@ -135,8 +139,11 @@ class Rewrite:
     def fused_cell(self, kind: str, a: fx.Node, b: fx.Node, state: fx.Node,
                    bias_a: fx.Node | None, bias_b: fx.Node | None, order: tuple[int, ...],
                    replaces: list[str]) -> fx.Node:
-        op = torch.ops.fxopt.lstm_cell.default if kind == "lstm" else (
-            torch.ops.fxopt.gru_cell.default)
+        """The fused step: the custom op (its Triton kernels, or the reference, as one call),
+        or where the code generator fuses pointwise ops (Inductor) its fusible form, whose
+        forward and backward it generates as one kernel each, launched from compiled code
+        instead of a Python op per step (:data:`CELLS`)."""
+        op = CELLS[kind][self.ctx.codegen.fuses_pointwise]
         return self.emit(op, a, b, state, bias_a, bias_b, list(order), replaces=replaces)
 
     def stats(self) -> dict[str, Any]:

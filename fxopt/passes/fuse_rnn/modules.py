@@ -68,7 +68,7 @@ def _library_or_fused(rw: Rewrite, node: fx.Node, kind: str, x: fx.Node, w_hh: f
     batch, features = xv.shape[0 if batch_first else 1], xv.shape[2]
     hidden = example_tensor(w_hh).shape[1]
     choice = choose(node.name, kind, int(batch), steps, int(features), int(hidden), layers,
-                    directions, xv.dtype, rw.ctx.device)
+                    directions, xv.dtype, rw.ctx.device, rw.ctx.codegen.fuses_pointwise)
     if choice is None:
         return
     rw.cost_model.append(choice.as_stat())

@@ -1,0 +1,94 @@
+"""fuse_rnn under Inductor: the fusible cells become generated kernels, one per step each way.
+
+Under ``codegen="fx"`` a fused step is the ``fxopt::lstm_cell`` / ``fxopt::gru_cell`` op,
+which Inductor could only call as a Python extern op, one per step each way (on the H100
+table, 170 us of host time each: the LSTMCell loop host-bound at 21 ms). Under Inductor the
+pass inserts the fusible forms instead; these tests read Inductor's generated code (the
+CPU's; CUDA's scheduler fuses pointwise ops alike) and count, per step: forward one GEMM
+(the hidden projection; the input's is hoisted into one GEMM for all steps) and one
+generated kernel; backward one generated kernel and two GEMMs (the hidden state's gradient,
+the hidden weight's gradient accumulated); no fxopt op anywhere. Plain torch.compile runs
+two GEMMs forward and four backward per step (counted the same way at 3 and 5 steps).
+"""
+
+import re
+
+import pytest
+import torch
+from models import BF16Autocast
+from torch import nn
+
+from fxopt.compiler import Backend
+from fxopt.testing import assert_same_as_eager
+
+IN, H, B = 11, 37, 3
+INDUCTOR = {"fuse_rnn": True, "codegen": "inductor", "strict": True}
+
+
+class CellLoop(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.cell = (nn.LSTMCell if kind == "lstm" else nn.GRUCell)(IN, H)
+
+    def forward(self, x, h, c):
+        outputs = []
+        for t in range(x.shape[0]):
+            if self.kind == "lstm":
+                h, c = self.cell(x[t], (h, c))
+            else:
+                h = self.cell(x[t], h)
+            outputs.append(h)
+        return torch.stack(outputs)
+
+
+def _inputs(steps):
+    torch.manual_seed(0)
+    return (torch.randn(steps, B, IN, requires_grad=True), torch.randn(B, H, requires_grad=True),
+            torch.randn(B, H, requires_grad=True))
+
+
+def _launches(code):
+    """(generated kernels, GEMMs, fxopt ops) called by one of Inductor's graphs."""
+    body = code[code.index("def call("):]
+    return (len(re.findall(r"^\s+cpp_fused\w*\(", body, re.M)),
+            len(re.findall(r"^\s+extern_kernels\.(?:mm|addmm|bmm)\(", body, re.M)),
+            body.count("torch.ops.fxopt."))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_each_step_is_one_generated_kernel_each_way(kind):
+    from torch._inductor.utils import run_and_get_code
+
+    counts = {}
+    for steps in (2, 4):
+        torch._dynamo.reset()
+        model, backend = CellLoop(kind), Backend(INDUCTOR)
+        compiled = torch.compile(model, backend=backend)
+        inputs = _inputs(steps)
+        _, (forward, backward) = run_and_get_code(
+            lambda f=compiled, args=inputs: f(*args).sum().backward())
+        assert any(r.fired for g in backend.graphs for r in g.passes if r.name == "fuse_rnn")
+        counts[steps] = (_launches(forward), _launches(backward))
+    (fw2, bw2), (fw4, bw4) = counts[2], counts[4]
+    assert fw2[2] == bw2[2] == fw4[2] == bw4[2] == 0
+    per_step = [(b - a) / 2 for a, b in zip(fw2[:2] + bw2[:2], fw4[:2] + bw4[:2])]
+    assert per_step == [1, 1, 1, 2], counts
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_fusible_cells_train_like_eager(kind):
+    comparison = assert_same_as_eager(CellLoop(kind), _inputs(5), INDUCTOR)
+    assert comparison.fired("fuse_rnn")
+    assert all(g.codegen.name == "inductor" for g in comparison.graphs)
+
+
+@pytest.mark.slow
+def test_fusible_cells_under_bf16_autocast():
+    """The fusible form computes in fp32 and returns eager's dtype, as the op does; the
+    bf16 bound is test_fuse_rnn.py's AUTOCAST_TOLERANCES (both sides carry bf16 GEMMs)."""
+    from test_fuse_rnn import AUTOCAST_TOLERANCES
+
+    comparison = assert_same_as_eager(BF16Autocast(CellLoop("lstm")), _inputs(5), INDUCTOR,
+                                      tolerances=AUTOCAST_TOLERANCES)
+    assert comparison.fired("fuse_rnn")
