@@ -83,6 +83,15 @@ def test_fusible_cells_train_like_eager(kind):
     assert all(g.codegen.name == "inductor" for g in comparison.graphs)
 
 
+def test_fusible_cells_in_another_gate_order_with_a_dynamic_batch():
+    """A hand-written LSTM (gates i, f, o, g: the op's ``order``) under a symbolic batch."""
+    from test_fuse_rnn import HandLSTM
+
+    comparison = assert_same_as_eager(HandLSTM(hidden_bias=True), _inputs(4), INDUCTOR,
+                                      dynamic=True)
+    assert comparison.fired("fuse_rnn")
+
+
 @pytest.mark.slow
 def test_fusible_cells_under_bf16_autocast():
     """The fusible form computes in fp32 and returns eager's dtype, as the op does; the
