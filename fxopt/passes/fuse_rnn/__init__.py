@@ -13,7 +13,8 @@ Each fused step is the ``fxopt::lstm_cell`` / ``fxopt::gru_cell`` custom op of
 `fxopt.kernels.fuse_rnn` (Triton forward and backward kernels where Triton runs, the torch
 reference elsewhere, so the pass fires on every device), or under Inductor its fusible form,
 which Inductor generates and launches from compiled code. Stats: ``fused`` counts per form,
-``declined`` counts per form and reason, ``hoisted_input_projections``.
+``declined`` counts per form and reason, ``hoisted_input_projections``, and ``form``: the
+cells' form, "fusible" (under Inductor) or "custom_ops" (as tempo's stats name it).
 """
 
 from __future__ import annotations

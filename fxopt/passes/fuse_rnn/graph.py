@@ -147,7 +147,9 @@ class Rewrite:
         return self.emit(op, a, b, state, bias_a, bias_b, list(order), replaces=replaces)
 
     def stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = {"hoisted_input_projections": self.hoisted_projections}
+        stats: dict[str, Any] = {
+            "form": "fusible" if self.ctx.codegen.fuses_pointwise else "custom_ops",
+            "hoisted_input_projections": self.hoisted_projections}
         if self.cost_model:
             stats["cost_model"] = list(self.cost_model)
         return stats

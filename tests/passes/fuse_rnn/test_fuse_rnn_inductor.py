@@ -68,7 +68,8 @@ def test_each_step_is_one_generated_kernel_each_way(kind):
         inputs = _inputs(steps)
         _, (forward, backward) = run_and_get_code(
             lambda f=compiled, args=inputs: f(*args).sum().backward())
-        assert any(r.fired for g in backend.graphs for r in g.passes if r.name == "fuse_rnn")
+        (record,) = [r for g in backend.graphs for r in g.passes if r.name == "fuse_rnn"]
+        assert record.fired and record.stats["form"] == "fusible"
         counts[steps] = (_launches(forward), _launches(backward))
     (fw2, bw2), (fw4, bw4) = counts[2], counts[4]
     assert fw2[2] == bw2[2] == fw4[2] == bw4[2] == 0
