@@ -329,7 +329,8 @@ def _render(report: ExplainReport) -> list[str]:
     fallbacks = report.fallbacks
     lines.append(f"fallbacks: {len(fallbacks) or 'none'}")
     lines += [f"  FALLBACK: {f}" for f in fallbacks]
-    header = (f"  {'stage':<13}{'graph':<11}{'pass':<19}{'status':<12}{'nodes':>11}"
+    width = max([19] + [len(r.name) + 2 for g in report.graphs for r in g.passes])
+    header = (f"  {'stage':<13}{'graph':<11}{'pass':<{width}}{'status':<12}{'nodes':>11}"
               f"{'ms':>8}  {'peak MiB / activations MiB':<28}stats")
     for graph in report.graphs:
         lines.append("")
@@ -353,7 +354,7 @@ def _render(report: ExplainReport) -> list[str]:
             detail = r.reason if r.status in ("skipped", "failed") else "; ".join(
                 text for text in (_verdicts_text(r.verdicts), _stats_text(r.stats)) if text)
             lines.append(
-                f"  {r.stage:<13}{r.graph.split('/')[-1]:<11}{r.name:<19}{r.status:<12}"
+                f"  {r.stage:<13}{r.graph.split('/')[-1]:<11}{r.name:<{width}}{r.status:<12}"
                 f"{nodes:>11}{r.seconds * 1e3:>8.1f}  "
                 f"{_memory_change(r.memory_before, r.memory_after):<28}{detail}")
             if r.ran:

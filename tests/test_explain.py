@@ -33,6 +33,8 @@ def test_report_lists_graphs_passes_and_memory():
                   "activations kept for backward", "pre_autograd", "unchanged",
                   "cost: forward", "MFLOP"):
         assert words in text, words
+    # every pass's name stands apart from its status, the longest one's too
+    assert all(f" {r.name}  " in text for r in report.passes)
     json.dumps(report.to_dict())  # plain data
 
 
