@@ -46,9 +46,9 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
 [ "$DRY" = 1 ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv \
     2>&1 | tee -a "$LOG"
 
-step doctor 75 "$PYTHON" -m fxopt doctor --device cuda
+step doctor 90 "$PYTHON" -m fxopt doctor --device cuda
 step pytest_gpu 105 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider
-step gpu_check 350 "$PYTHON" benchmarks/gpu_check.py --deadline-s 320 \
+step gpu_check 335 "$PYTHON" benchmarks/gpu_check.py --deadline-s 305 \
     --out-dir "$OUT/benchmarks/results"
 if [ "$DRY" = 0 ]; then
     cp "$OUT"/benchmarks/results/gpu_check_*.md benchmarks/results/ 2>/dev/null
