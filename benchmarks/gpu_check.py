@@ -29,7 +29,10 @@ configuration names the rows keep, so that runs compare row by row):
   weight gradient), against the cost model's prediction (``fxopt.planner.forms`` on the
   device's profile; issue 30.5): the LM head at the odd vocabulary 50257 (the profile's
   "bfloat16_unaligned" rate) and at 50264 (aligned), the head at 50257 under
-  torch.compile (does Inductor pad it?), and one MLP layer (768 -> 3072).
+  torch.compile (does Inductor pad it?), and one MLP layer (768 -> 3072); each row names
+  the kernels that ran (torch.profiler), so the odd head's GEMM kernel is on record.
+  GPT-2's eager, torch.compile and fxopt-defaults rows name a step's eight longest
+  kernels too, where issue 30.5's unexplained milliseconds are to be found.
 
 fxopt is always a ``fxopt.backend(...)`` object (the GPU machine runs a source checkout,
 without the ``"fxopt"`` entry point). Per configuration: step time from CUDA events
@@ -204,11 +207,13 @@ class Check:
     def gpt2_row(self, row: Row, prepare: Callable[[torch.nn.Module], Any], sites: bool,
                  backends: tuple[fxopt.Backend, ...] = ()) -> None:
         """Measure GPT-2 as ``prepare`` makes it into ``row``; ``sites``: also what is alive
-        at the peak (:meth:`peak_sites`)."""
+        at the peak (:meth:`peak_sites`) and the kernels that took the most time in one
+        more step (:func:`top_kernels`: where issue 30.5's unexplained milliseconds go)."""
         step, built = self.gpt2_step(prepare)
         self.measure(row, step, "eager", backends)
         if sites:
             self.peak_sites(row, *built)
+            row.notes.append(top_kernels(step, self.device, 8))
 
     def gpt2_case(self, prepare: Callable[[torch.nn.Module], Any],
                   context: Callable[[], Any] = contextlib.nullcontext,
@@ -351,7 +356,8 @@ class Check:
             flops = 3 * 2.0 * tokens * width_in * width_out
             row.notes += [f"{flops / taken.median_ms / 1e9:.3g} TFLOP/s",
                           f"predicted {forms.predict(work, hw).device_s * 1e3:.2f} ms "
-                          f"({hw.name} profile, {kind})"]
+                          f"({hw.name} profile, {kind})",
+                          top_kernels(lambda: fn(x, w, g), device, 3)]
         return run
 
     # ---- the list, in priority order -----------------------------------------------
@@ -359,7 +365,7 @@ class Check:
     def cases(self) -> list[Case]:
         """Every configuration, most wanted first (what a cut-off run must have)."""
         inductor_peer = not self.tiny   # Inductor's C++ build does not fit the CPU smoke
-        g = [Case("gpt2", "eager", self.gpt2_case(lambda m: m), 60)]
+        g = [Case("gpt2", "eager", self.gpt2_case(lambda m: m, sites=True), 60)]
         if inductor_peer:
             g.append(Case("gpt2", "torch.compile (Inductor)",
                           self.gpt2_case(torch.compile, sites=True), 90))
@@ -434,6 +440,29 @@ def _checkpoint_blocks(model: torch.nn.Module) -> torch.nn.Module:
 def _checkpoint_whole(model: torch.nn.Module) -> torch.nn.Module:
     checkpoint_each([model])
     return model
+
+
+def top_kernels(fn: Callable[[], Any], device: torch.device, count: int) -> str:
+    """The ``count`` kernels that took the most device time in one call of ``fn``, by name
+    (torch.profiler; on the CPU the ops by their own time): which GEMM kernel a head of an
+    odd vocabulary runs, and where a step's time goes, for the cost model (issue 30.5)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+        timing.sync(device)
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if (event.device_type == torch.autograd.DeviceType.CUDA) != cuda:
+            continue
+        us = event.time_range.elapsed_us() if cuda else event.self_cpu_time_total
+        name = event.name.replace("|", "/")[:90]
+        totals[name] = totals.get(name, 0.0) + us
+    top = sorted(totals.items(), key=lambda item: -item[1])[:count]
+    what = "kernels" if cuda else "ops (CPU, under the profiler)"
+    return f"top {what}: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top)
 
 
 def _fired(backends: tuple[fxopt.Backend, ...]) -> list[str]:
