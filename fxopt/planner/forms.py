@@ -163,8 +163,9 @@ def rnn_call_work(mode: str, batch: int, steps: int, input_size: int, hidden: in
     GEMMs (the hidden gradient, the weight gradient added to its accumulator).
     ``form`` "plain": plain torch.compile of the same steps (no hoisting): per step
     forward two GEMMs (input and hidden projections) and one generated kernel; backward
-    one generated kernel and four GEMMs (both projections' input and weight gradients,
-    each weight's accumulated), all compiled launches.
+    four GEMMs (both projections' input and weight gradients, each weight's accumulated)
+    and one generated kernel (Inductor's fusion makes one or two, with the graph), all
+    compiled launches.
     """
     gates = GATES[mode] * hidden
     tokens = batch * steps
