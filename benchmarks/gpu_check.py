@@ -75,7 +75,7 @@ import fxopt
 from fxopt import _compat
 from fxopt.bench import timing
 from fxopt.bench.configs import checkpoint_each
-from fxopt.bench.table import Case, Row, markdown_tables, run_cases, write_atomically
+from fxopt.bench.table import Case, Row, markdown_tables, read_rows, run_cases, write_atomically
 from fxopt.bench.workloads import LSTMCellLoopLM, LSTMLanguageModel, gpt2
 from fxopt.devices import indexed
 
@@ -118,6 +118,11 @@ TITLES = {
 }
 
 
+# each section's row whose first loss the others are compared with
+REFERENCES = {"gpt2": "eager", "lstm": "eager (cuDNN)", "loop": "eager",
+              "optim": "AdamW on the device"}
+
+
 class Check:
     """The configurations of one run and what they share (device, sizes, eager's losses,
     measured peaks a later configuration sizes itself by)."""
@@ -125,7 +130,8 @@ class Check:
     def __init__(self, device: torch.device, sizes: Sizes, tiny: bool) -> None:
         self.device, self.sizes, self.tiny = device, sizes, tiny
         self.eager_loss: dict[str, float] = {}
-        self.peaks: dict[str, int] = {}     # configuration -> peak + resident bytes
+        # (section, configuration) -> peak + resident bytes (a resumed row's: its peak)
+        self.peaks: dict[tuple[str, str], int] = {}
 
     # ---- building blocks ----------------------------------------------------------
 
@@ -137,10 +143,23 @@ class Check:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def measure(self, row: Row, step: Callable[[], torch.Tensor], reference: str,
+    def restore(self, rows: list[Row]) -> None:
+        """Take what later configurations need from the rows of an earlier run (``--resume``):
+        the sections' reference losses and the measured peaks (in MiB, without what was
+        resident then)."""
+        for row in rows:
+            if row.status != "ok":
+                continue
+            if REFERENCES.get(row.section) == row.name and row.loss_text:
+                self.eager_loss[row.section] = float(row.loss_text.split()[0])
+            if row.peak.replace(".", "", 1).isdigit():
+                self.peaks[(row.section, row.name)] = int(float(row.peak) * 2**20)
+
+    def measure(self, row: Row, step: Callable[[], torch.Tensor],
                 backends: tuple[fxopt.Backend, ...] = ()) -> None:
-        """Time ``step`` (returns the loss) into ``row``; ``reference``: the eager row whose
-        first loss the row compares with."""
+        """Time ``step`` (returns the loss) into ``row``; its loss is compared with the
+        section's reference row's (:data:`REFERENCES`)."""
+        reference = REFERENCES[row.section]
         device = self.device
         timing.sync(device)
         resident = timing.resident_bytes(device)
@@ -161,7 +180,7 @@ class Check:
         peak = timing.peak_above(device, resident or 0)
         if peak is not None:
             row.peak = f"{peak / 2**20:.0f}"
-            self.peaks[row.name] = peak + (resident or 0)
+            self.peaks[(row.section, row.name)] = peak + (resident or 0)
         else:
             row.peak = "- (CPU: not measured)"
         row.loss = losses[0]
@@ -210,7 +229,7 @@ class Check:
         at the peak (:meth:`peak_sites`) and the kernels that took the most time in one
         more step (:func:`top_kernels`: where issue 30.5's unexplained milliseconds go)."""
         step, built = self.gpt2_step(prepare)
-        self.measure(row, step, "eager", backends)
+        self.measure(row, step, backends)
         if sites:
             self.peak_sites(row, *built)
             row.notes.append(top_kernels(step, self.device, 8))
@@ -255,9 +274,10 @@ class Check:
         """fxopt under a byte budget low enough that it must swap: 0.4 x eager's peak
         (with what was resident), strict off (a budget under the floor runs the floor's
         plan, warned)."""
-        if "eager" not in self.peaks and not self.tiny:
-            raise RuntimeError("needs eager's peak, which did not run")
-        budget = int(0.4 * self.peaks.get("eager", 2**24))
+        eager = ("gpt2", "eager")
+        if eager not in self.peaks and not self.tiny:
+            raise RuntimeError("needs GPT-2 eager's peak, which did not run")
+        budget = int(0.4 * self.peaks.get(eager, 2**24))
         backend = self.fxopt(memory_budget=budget, strict=False)
         row.notes.append(f"budget {budget / 2**20:.0f} MiB")
         self.gpt2_row(row, lambda m: torch.compile(m, backend=backend), False, (backend,))
@@ -284,8 +304,7 @@ class Check:
                 model.zero_grad(set_to_none=True)
                 return loss.detach()
 
-            self.measure(row, step, "eager (cuDNN)" if section == "lstm" else "eager",
-                         (backend,) if backend else ())
+            self.measure(row, step, (backend,) if backend else ())
         return run
 
     def rnn_compiled(self, section: str, **options: Any) -> Callable[[Row], None]:
@@ -320,7 +339,7 @@ class Check:
 
             step, _ = self.gpt2_step(prepare, dropout=0.0, batch=self.sizes.optim_batch,
                                      optimizer=adamw)
-            self.measure(row, step, "AdamW on the device", (backend,) if backend else ())
+            self.measure(row, step, (backend,) if backend else ())
         return run
 
     # ---- GEMMs against the cost model -------------------------------------------------
@@ -525,6 +544,14 @@ def header(device: torch.device, argv: list[str], tiny: bool) -> str:
     ])
 
 
+def _environment(text: str) -> str:
+    """The day, device and versions of a results file's header (its "Date:" line up to the
+    fxopt revision): a resumed run keeps rows only from a file where these are its own."""
+    line = next((x for x in text.splitlines() if x.startswith("Date: ")), "")
+    day, _, rest = line.partition(" ")[2].partition(" ")
+    return day + " " + rest.partition(" UTC. ")[2].partition("; fxopt at")[0]
+
+
 def gpu_slug(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu-tiny"
@@ -545,6 +572,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--only", nargs="*", help="run only the configurations whose "
                         "names contain one of these strings")
+    parser.add_argument("--resume", action="store_true", help="keep the rows that ran in "
+                        "the results file already there and run the others (a second "
+                        "run in the same GPU lease goes on where the first stopped)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = torch.device(args.device or ("cpu" if args.tiny else "cuda"))
@@ -559,6 +589,18 @@ def main(argv: list[str] | None = None) -> Path:
     path = Path(args.out_dir) / f"gpu_check_{gpu_slug(device)}.md"
     top = header(device, [Path(sys.argv[0]).name if argv is None else "gpu_check.py",
                           *(sys.argv[1:] if argv is None else argv)], args.tiny)
+    kept: dict[tuple[str, str], Row] = {}
+    if args.resume and path.exists():
+        earlier_text = path.read_text()
+        if _environment(earlier_text) != _environment(top):
+            parser.error(f"--resume: {path} is from another day, device or versions "
+                         f"({_environment(earlier_text)!r}); move it away or run without "
+                         f"--resume")
+        earlier = read_rows(earlier_text, TITLES)
+        check.restore(earlier)
+        kept = {(r.section, r.name): r for r in earlier}
+        top += f"\nResumed: {len(kept)} configurations kept from the earlier run's file."
+        log.info("resuming %s: %d configurations kept", path, len(kept))
     started = time.monotonic()
 
     def write(rows: list[Row]) -> None:
@@ -568,7 +610,7 @@ def main(argv: list[str] | None = None) -> Path:
                          f"{args.deadline_s:.0f} s).\n" + markdown_tables(rows, TITLES))
 
     run_cases(cases, deadline_s=args.deadline_s, write=write, device=str(device),
-              order=list(TITLES))
+              order=list(TITLES), kept=kept)
     log.info("wrote %s", path)
     return path
 

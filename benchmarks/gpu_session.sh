@@ -10,13 +10,27 @@
 # A step that fails or runs out of time does not stop the next one; the GPU check writes
 # its rows as they come, so a cut-off run still returns them.
 #
-#   benchmarks/gpu_session.sh            # from the repository root, on the GPU machine
-#   benchmarks/gpu_session.sh --dry-run  # anywhere: print the plan, check the imports
+# The GPU check runs its configurations in priority order and one run reaches only the first
+# ones. --continue runs the check alone, resuming: it keeps the rows of the results file in
+# the checkout's benchmarks/results/ (copy the first run's file there before the second
+# device command) and runs the configurations not yet run, under a longer deadline.
+#
+#   benchmarks/gpu_session.sh             # from the repository root, on the GPU machine
+#   benchmarks/gpu_session.sh --continue  # a second device command: the check goes on
+#   benchmarks/gpu_session.sh --dry-run   # anywhere: print the plan, check the imports
+#                                         # (--dry-run --continue: the second one's plan)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session}
 DRY=0
-[ "${1:-}" = "--dry-run" ] && DRY=1
+CONTINUE=0
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) DRY=1 ;;
+        --continue) CONTINUE=1 ;;
+        *) echo "unknown argument: $arg (--dry-run, --continue)" >&2; exit 2 ;;
+    esac
+done
 mkdir -p "$OUT/benchmarks/results" benchmarks/results
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/fxopt-inductor-cache}
@@ -46,10 +60,16 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
 [ "$DRY" = 1 ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv \
     2>&1 | tee -a "$LOG"
 
-step doctor 90 "$PYTHON" -m fxopt doctor --device cuda
-step pytest_gpu 105 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider
-step gpu_check 335 "$PYTHON" benchmarks/gpu_check.py --deadline-s 305 \
-    --out-dir "$OUT/benchmarks/results"
+if [ "$CONTINUE" = 1 ]; then
+    cp benchmarks/results/gpu_check_*.md "$OUT/benchmarks/results/" 2>/dev/null
+    step gpu_check 530 "$PYTHON" benchmarks/gpu_check.py --deadline-s 500 --resume \
+        --out-dir "$OUT/benchmarks/results"
+else
+    step doctor 90 "$PYTHON" -m fxopt doctor --device cuda
+    step pytest_gpu 105 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider
+    step gpu_check 335 "$PYTHON" benchmarks/gpu_check.py --deadline-s 305 \
+        --out-dir "$OUT/benchmarks/results"
+fi
 if [ "$DRY" = 0 ]; then
     cp "$OUT"/benchmarks/results/gpu_check_*.md benchmarks/results/ 2>/dev/null
 fi

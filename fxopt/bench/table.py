@@ -19,14 +19,15 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fxopt.bench.timing import release
 
-__all__ = ["Case", "CaseTimeout", "Row", "markdown_tables", "run_cases", "write_atomically"]
+__all__ = ["Case", "CaseTimeout", "Row", "markdown_tables", "read_rows", "run_cases",
+           "write_atomically"]
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +99,24 @@ def _error_line(exc: BaseException) -> str:
 def run_cases(cases: Sequence[Case], *, deadline_s: float, write: Callable[[list[Row]], None],
               device: str = "cpu", min_start_s: float = 10.0,
               order: Sequence[str] | None = None,
-              between: Callable[[], None] | None = None) -> list[Row]:
+              between: Callable[[], None] | None = None,
+              kept: Mapping[tuple[str, str], Row] | None = None) -> list[Row]:
     """Run ``cases`` in their order (the priority) until ``deadline_s`` seconds have
     passed; ``write(rows)`` after each, the rows in ``order`` (section names; default the
     cases' order); ``between()`` after each case (default: release Dynamo's and the
-    allocator's caches on ``device``). Returns the rows."""
+    allocator's caches on ``device``). ``kept``: rows of an earlier run by (section, name),
+    which stand for their cases (not run again). Returns the rows."""
     between = between or (lambda: release(device))
     start = time.monotonic()
-    rows = [Row(c.section, c.name) for c in cases]
+    kept = kept or {}
+    rows = [kept.get((c.section, c.name)) or Row(c.section, c.name) for c in cases]
     sections = list(order) if order is not None else list(dict.fromkeys(c.section
                                                                          for c in cases))
     ordered = sorted(rows, key=lambda r: sections.index(r.section))
     write(ordered)
     for case, row in zip(cases, rows):
+        if row.status != "not run":  # kept from an earlier run
+            continue
         left = deadline_s - (time.monotonic() - start)
         if left < min_start_s:
             row.notes = [f"deadline ({deadline_s:.0f} s) reached"]
@@ -152,6 +158,29 @@ def markdown_tables(rows: Sequence[Row], titles: dict[str, str]) -> str:
         out += ["| " + " | ".join(c.replace("|", "/") for c in r.cells()) + " |"
                 for r in rows if r.section == section]
     return "\n".join(out) + "\n"
+
+
+def read_rows(text: str, titles: dict[str, str]) -> list[Row]:
+    """The rows that ran (ok or failed) in a file :func:`markdown_tables` wrote with
+    ``titles``, as rows that print the same cells: what a resumed run keeps."""
+    sections = {title: section for section, title in titles.items()}
+    rows: list[Row] = []
+    section = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = sections.get(line, line[3:])
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if section is None or len(cells) != len(COLUMNS) or cells[0] == COLUMNS[0] \
+                or set(cells[0]) <= {"-", " "}:
+            continue
+        name, step = cells[0], cells[1]
+        if step.startswith("failed"):
+            rows.append(Row(section, name, "failed", notes=[step.partition(": ")[2]]))
+        elif not step.startswith("not run"):
+            rows.append(Row(section, name, "ok", step=step, peak=cells[2], compile=cells[3],
+                            loss_text=cells[4], notes=[cells[5]] if cells[5] else []))
+    return rows
 
 
 def write_atomically(path: Path, text: str) -> None:

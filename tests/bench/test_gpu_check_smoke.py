@@ -1,7 +1,8 @@
 """The GPU check (benchmarks/gpu_check.py) at tiny sizes on the CPU, and the rules that let
 a cut-off GPU run still return its rows: a failing configuration is its row's error line
 and the next one runs, a configuration past its own limit is stopped, none starts after the
-deadline, and the file is rewritten after every row. The session script's dry run."""
+deadline, and the file is rewritten after every row; a resumed run keeps the rows that ran
+(from its own day, device and versions only). The session script's dry runs."""
 
 import os
 import pathlib
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from fxopt.bench.table import Case, Row, markdown_tables, run_cases
+from fxopt.bench.table import Case, Row, markdown_tables, read_rows, run_cases
 
 REPO = pathlib.Path(__file__).parents[2]
 SMOKE = ["eager", "fxopt defaults", "fuse_rnn=True (auto", "cpu_fraction=0.5", "LM head"]
@@ -101,3 +102,55 @@ def test_the_session_script_dry_run_plans_three_steps_under_out(tmp_path):
         assert needle in log, log
     limits = [int(part.split()[0]) for part in log.split("(limit ")[1:]]
     assert sum(limits) <= 540  # one device command (600 s) with room to start up
+
+
+def test_rows_read_back_as_they_were_written_and_not_run_ones_are_left_out():
+    titles = {"a": "## A", "b": "## B"}
+    rows = [Row("a", "x", "ok", step="2.0 (1.9-2.1)", peak="12", compile="3.1",
+                loss_text="4.1000 (+1.0e-03)", notes=["fired: tempo", "budget 9 MiB"]),
+            Row("a", "y", "failed", notes=["RuntimeError: no kernel"]),
+            Row("b", "z", "ok", step="1.0 (1.0-1.0)", peak="-", compile="0.0", loss_text="-"),
+            Row("b", "late", notes=["deadline (4 s) reached"])]
+    text = markdown_tables(rows, titles)
+    again = read_rows("# header\n\nDate: x\n" + text, titles)
+    assert [(r.section, r.name, r.status) for r in again] == [
+        ("a", "x", "ok"), ("a", "y", "failed"), ("b", "z", "ok")]
+    assert markdown_tables(again + rows[3:], titles) == text
+
+
+def _tiny(tmp_path, *args):
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--out-dir",
+         str(tmp_path), *args], env=_env(), capture_output=True, text=True, timeout=240,
+        cwd=REPO)
+
+
+def test_a_resumed_check_keeps_what_ran_and_runs_the_rest(tmp_path):
+    first = _tiny(tmp_path, "--only", "AdamW on the device")
+    assert first.returncode == 0, first.stderr[-3000:]
+    path = tmp_path / "gpu_check_cpu-tiny.md"
+    (reference,) = [line for line in path.read_text().splitlines()
+                    if line.startswith("| AdamW on the device |")]
+    second = _tiny(tmp_path, "--resume", "--only", "AdamW on the device", "cpu_fraction=0.5")
+    assert second.returncode == 0, second.stderr[-3000:]
+    text = path.read_text()
+    assert reference in text.splitlines() and "Resumed: 1 configurations kept" in text
+    (offloaded,) = [line for line in text.splitlines()
+                    if line.startswith("| offloaded, cpu_fraction=0.5 |")]
+    assert " (+" in offloaded or " (-" in offloaded  # its loss against the kept reference's
+    # a file of another day (or device, or versions) is not resumed
+    path.write_text(text.replace("Date: ", "Date: 1999-01-01 00:00 UTC. was ", 1))
+    third = _tiny(tmp_path, "--resume", "--only", "AdamW on the device")
+    assert third.returncode != 0 and "is from another day" in third.stderr
+
+
+def test_the_continue_dry_run_plans_the_resumed_check_alone(tmp_path):
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "--dry-run",
+                           "--continue"], env={**_env(), "OUT": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "session.txt").read_text()
+    steps = [line for line in log.splitlines() if line.startswith("== ") and "(limit" in line]
+    assert len(steps) == 1 and steps[0].startswith("== gpu_check (limit 530 s)")
+    assert "--resume" in steps[0]
+
