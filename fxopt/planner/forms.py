@@ -173,25 +173,23 @@ def rnn_call_work(mode: str, batch: int, steps: int, input_size: int, hidden: in
                               "float32" if itemsize == 4 else "bfloat16")
     work = Work()
     sequences = layers * directions
-    # whole-sequence GEMMs: input projection forward, its input and weight gradients, and
-    # the recurrent weight's gradient (cuDNN: one GEMM; fused: per step, counted below)
-    inputs = [input_size] + [hidden * directions] * (layers - 1)
+    inputs = [input_size] + [hidden * directions] * (layers - 1)  # each layer's input width
     step_count = sequences * steps
     recurrent = _skinny_gemm_seconds(batch, hidden, gates, itemsize, precision, hw)
     cell_bytes = batch * gates * itemsize * 3          # gates read, states written
     cell = cell_bytes / hw.memory_bandwidth
     # a weight's gradient per step, written and accumulated
     accumulate = hidden * gates * itemsize * 3 / hw.memory_bandwidth
-    if form == "plain":  # the input projection per step too, both ways
-        for size in inputs:
+    if form == "plain":  # the input projection per step too, both ways, its weight's
+        for size in inputs:  # gradient accumulated per step
             projection = _skinny_gemm_seconds(batch, size, gates, itemsize, precision, hw)
             weight = size * gates * itemsize * 3 / hw.memory_bandwidth
             work.chain += [(2 * steps * directions, projection),
                            (steps * directions, max(projection, weight))]
-    else:
-        work.gemm_flops[precision] = float(
+    else:  # whole-sequence GEMMs: the input projection forward, its input and weight
+        work.gemm_flops[precision] = float(  # gradients
             sum(3 * 2 * tokens * size * gates * directions for size in inputs))
-    if form == "cudnn":
+    if form == "cudnn":  # the recurrent weight's gradient as one GEMM (else per step, below)
         work.gemm_flops[precision] += 2 * tokens * hidden * gates * sequences
         work.chain += [(2 * step_count, recurrent), (2 * step_count, cell)]
         work.launches["compiled"] = 4 * step_count
