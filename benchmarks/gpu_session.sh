@@ -2,36 +2,46 @@
 # One GPU session in one go (issue 30.1): `fxopt doctor --device cuda`, `pytest -m gpu`, then
 # the GPU check (benchmarks/gpu_check.py), each under its own time limit, so that the three
 # fit one device command (9 minutes at most; the device tool allows 10 per command)
-# and leave time in a 15-minute lease to run it again.
+# and leave time in a 15-minute lease to run the check on.
 #
 # Everything lands under $OUT (the device tool's output folder; /tmp/gpu_session without
-# one): session.txt (each step's command, limit, exit status and seconds), <step>.log, and
-# benchmarks/results/gpu_check_<gpu>.md, also copied to the checkout's benchmarks/results/.
-# A step that fails or runs out of time does not stop the next one; the GPU check writes
-# its rows as they come, so a cut-off run still returns them.
+# one): session.txt (each step's command, limit, exit status and seconds), <step>.log,
+# fxopt_doctor.json (written as each check ends), and benchmarks/results/gpu_check_<gpu>.md
+# (written as each configuration ends). A step that fails or runs out of time does not stop
+# the next one, and what a cut-off step wrote still comes back.
 #
 # The GPU check runs its configurations in priority order and one run reaches only the first
-# ones. --continue runs the check alone, resuming: it keeps the rows of the results file in
-# the checkout's benchmarks/results/ (copy the first run's file there before the second
-# device command) and runs the configurations not yet run, under a longer deadline.
+# ones. --continue [SECONDS] runs the check alone for at most SECONDS (default 530),
+# resuming: it keeps the rows the earlier run finished and runs the others. The device
+# tool hands each command an empty $OUT, so the check also writes its file to .gpu_session/
+# (git-ignored: the device keeps ignored paths between the commands of one lease), which is
+# where --continue reads it from; failing that, from the checkout's
+# benchmarks/results/gpu_check_<gpu>.md (copy the first run's file there first).
 #
-#   benchmarks/gpu_session.sh             # from the repository root, on the GPU machine
-#   benchmarks/gpu_session.sh --continue  # a second device command: the check goes on
-#   benchmarks/gpu_session.sh --dry-run   # anywhere: print the plan, check the imports
-#                                         # (--dry-run --continue: the second one's plan)
+#   benchmarks/gpu_session.sh                 # from the repository root, on the GPU machine
+#   benchmarks/gpu_session.sh --continue 240  # a second device command: the check goes on
+#   benchmarks/gpu_session.sh --dry-run       # anywhere: print the plan, check the imports
+#                                             # (--dry-run --continue: the second one's plan)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session}
+KEEP=.gpu_session
 DRY=0
 CONTINUE=0
+CONTINUE_S=530
 for arg in "$@"; do
     case "$arg" in
         --dry-run) DRY=1 ;;
         --continue) CONTINUE=1 ;;
-        *) echo "unknown argument: $arg (--dry-run, --continue)" >&2; exit 2 ;;
+        [0-9]*) [ "$CONTINUE" = 1 ] || { echo "SECONDS goes after --continue" >&2; exit 2; }
+                CONTINUE_S=$arg ;;
+        *) echo "unknown argument: $arg (--dry-run, --continue [SECONDS])" >&2; exit 2 ;;
     esac
 done
-mkdir -p "$OUT/benchmarks/results" benchmarks/results
+if [ "$CONTINUE_S" -lt 60 ]; then
+    echo "--continue $CONTINUE_S: the check needs at least 60 s" >&2; exit 2
+fi
+mkdir -p "$OUT/benchmarks/results" "$KEEP"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/fxopt-inductor-cache}
 unset TRITON_INTERPRET
@@ -60,17 +70,25 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
 [ "$DRY" = 1 ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv \
     2>&1 | tee -a "$LOG"
 
+RESULTS="$OUT/benchmarks/results"
 if [ "$CONTINUE" = 1 ]; then
-    cp benchmarks/results/gpu_check_*.md "$OUT/benchmarks/results/" 2>/dev/null
-    step gpu_check 530 "$PYTHON" benchmarks/gpu_check.py --deadline-s 500 --resume \
-        --out-dir "$OUT/benchmarks/results"
+    # the earlier run's file: the lease's own copy, else one put in the checkout (a dated
+    # file of an earlier session, gpu_check_<gpu>_<date>.md, is never taken)
+    for earlier in benchmarks/results/gpu_check_*.md; do
+        case "${earlier##*/gpu_check_}" in
+            *_*) ;;  # gpu_check_<gpu>_<date>.md: committed by an earlier session
+            *) cp "$earlier" "$RESULTS/" ;;
+        esac
+    done 2>/dev/null
+    cp "$KEEP"/gpu_check_*.md "$RESULTS/" 2>/dev/null
+    step gpu_check "$CONTINUE_S" "$PYTHON" benchmarks/gpu_check.py \
+        --deadline-s $((CONTINUE_S - 30)) --resume --out-dir "$RESULTS" --also-to "$KEEP"
 else
-    step doctor 90 "$PYTHON" -m fxopt doctor --device cuda
-    step pytest_gpu 105 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider
-    step gpu_check 335 "$PYTHON" benchmarks/gpu_check.py --deadline-s 305 \
-        --out-dir "$OUT/benchmarks/results"
-fi
-if [ "$DRY" = 0 ]; then
-    cp "$OUT"/benchmarks/results/gpu_check_*.md benchmarks/results/ 2>/dev/null
+    # The doctor runs here with its report streamed, so pytest leaves out its doctor test
+    step doctor 150 "$PYTHON" -m fxopt doctor --device cuda --json "$OUT/fxopt_doctor.json"
+    step pytest_gpu 110 "$PYTHON" -m pytest -m gpu -v -p no:cacheprovider --durations=5 \
+        --deselect tests/cli/test_doctor.py::test_every_doctor_check_passes_on_the_gpu
+    step gpu_check 280 "$PYTHON" benchmarks/gpu_check.py --deadline-s 250 \
+        --out-dir "$RESULTS" --also-to "$KEEP"
 fi
 echo "== done; results under $OUT" | tee -a "$LOG"

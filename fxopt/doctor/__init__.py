@@ -74,8 +74,13 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
 }
 
 
-def run_doctor(device: str | None = None, only: list[str] | None = None) -> list[Check]:
-    """Run the checks (all, or ``only`` these) on ``device`` (default: CUDA if present)."""
+def run_doctor(device: str | None = None, only: list[str] | None = None,
+               on_check: Callable[[Check, list[Check]], None] | None = None) -> list[Check]:
+    """Run the checks (all, or ``only`` these) on ``device`` (default: CUDA if present).
+
+    ``on_check(check, done)`` is called as each check ends, with the checks done so far:
+    a first run on a GPU compiles for minutes, and a report cut off by a time limit still
+    shows what it had found."""
     device = indexed(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checks = []
     for name, check in CHECKS.items():
@@ -94,4 +99,6 @@ def run_doctor(device: str | None = None, only: list[str] | None = None) -> list
                 detail = f"{type(error).__name__}: {detail}"
             log.debug("doctor check %s failed", name, exc_info=True)
         checks.append(Check(name, status, detail, time.perf_counter() - start, data))
+        if on_check is not None:
+            on_check(checks[-1], checks)
     return checks

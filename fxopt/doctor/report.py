@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Check", "Failed", "Skip", "cuda_only", "environment", "format_report",
-           "report_json"]
+__all__ = ["Check", "Failed", "Skip", "cuda_only", "environment", "format_footer",
+           "format_header", "format_line", "format_report", "report_json"]
 
 
 @dataclass
@@ -73,15 +73,27 @@ def _summary(data: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def format_header() -> str:
+    """The report's first lines: the environment, then the table's column names."""
+    env = environment()
+    return "\n".join([" ".join(f"{k} {v}" for k, v in env.items()), "",
+                      f"{'check':<18} {'status':<8} {'seconds':>7}  result"])
+
+
+def format_line(check: Check) -> str:
+    """One check's row: status, seconds, what it found or why it skipped or failed."""
+    return (f"{check.name:<18} {check.status:<8} {check.seconds:>7.1f}  "
+            f"{check.detail or _summary(check.data)}")
+
+
+def format_footer(checks: list[Check]) -> str:
+    """What the table leaves to say: the checks skipped here ("" when none was)."""
+    skipped = [c.name for c in checks if c.status == "skipped"]
+    return f"\nskipped here: {', '.join(skipped)} (run fxopt doctor on a GPU)" if skipped else ""
+
+
 def format_report(checks: list[Check]) -> str:
     """A table: one line per check (status, seconds, what it found or why it skipped)."""
-    env = environment()
-    lines = [" ".join(f"{k} {v}" for k, v in env.items()), ""]
-    lines.append(f"{'check':<18} {'status':<8} {'seconds':>7}  result")
-    for c in checks:
-        lines.append(f"{c.name:<18} {c.status:<8} {c.seconds:>7.1f}  "
-                     f"{c.detail or _summary(c.data)}")
-    skipped = [c.name for c in checks if c.status == "skipped"]
-    if skipped:
-        lines.append(f"\nskipped here: {', '.join(skipped)} (run fxopt doctor on a GPU)")
-    return "\n".join(lines)
+    lines = [format_header(), *map(format_line, checks)]
+    footer = format_footer(checks)
+    return "\n".join(lines + [footer] if footer else lines)

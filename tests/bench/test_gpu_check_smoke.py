@@ -34,7 +34,8 @@ def test_tiny_gpu_check_runs_every_section_and_writes_the_table(tmp_path):
     text = (tmp_path / "gpu_check_cpu-tiny.md").read_text()
     for needle in ("torch 2.", "triton ", "transformers ", "fxopt at ", "Command: `",
                    "--tiny", "## GPT-2", "## nn.LSTM LM", "## LSTMCell loop",
-                   "## Offloaded optimizer", "## GEMMs", "TFLOP/s", "Progress: "):
+                   "## Offloaded optimizer", "## GEMMs", "TFLOP/s", "Progress: ",
+                   "device busy "):
         assert needle in text, needle
     rows = [line for line in text.splitlines() if line.startswith("| ")
             and not line.startswith("| configuration")]
@@ -97,8 +98,10 @@ def test_the_session_script_dry_run_plans_three_steps_under_out(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "session.txt").read_text()
-    for needle in ("fxopt doctor --device cuda", "pytest -m gpu",
-                   f"gpu_check.py --deadline-s 305 --out-dir {tmp_path}/benchmarks/results"):
+    for needle in (f"fxopt doctor --device cuda --json {tmp_path}/fxopt_doctor.json",
+                   "pytest -m gpu", "--deselect tests/cli/test_doctor.py::test_every_doctor",
+                   f"gpu_check.py --deadline-s 250 --out-dir {tmp_path}/benchmarks/results "
+                   "--also-to .gpu_session"):
         assert needle in log, log
     limits = [int(part.split()[0]) for part in log.split("(limit ")[1:]]
     assert sum(limits) <= 540  # one device command (600 s) with room to start up
@@ -144,13 +147,36 @@ def test_a_resumed_check_keeps_what_ran_and_runs_the_rest(tmp_path):
     assert third.returncode != 0 and "is from another day" in third.stderr
 
 
-def test_the_continue_dry_run_plans_the_resumed_check_alone(tmp_path):
+@pytest.mark.parametrize("seconds", [None, 240])
+def test_the_continue_dry_run_plans_the_resumed_check_alone(tmp_path, seconds):
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "--dry-run",
-                           "--continue"], env={**_env(), "OUT": str(tmp_path)},
+                           "--continue", *([str(seconds)] if seconds else [])],
+                          env={**_env(), "OUT": str(tmp_path)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "session.txt").read_text()
     steps = [line for line in log.splitlines() if line.startswith("== ") and "(limit" in line]
-    assert len(steps) == 1 and steps[0].startswith("== gpu_check (limit 530 s)")
-    assert "--resume" in steps[0]
+    limit = seconds or 530
+    assert len(steps) == 1 and steps[0].startswith(f"== gpu_check (limit {limit} s)")
+    assert f"--deadline-s {limit - 30} --resume" in steps[0]
+    assert "--also-to .gpu_session" in steps[0]  # where a later --continue resumes from
 
+
+def test_a_check_also_writes_its_file_where_the_next_command_resumes_from(tmp_path):
+    done = _tiny(tmp_path / "out", "--only", "AdamW on the device", "--also-to",
+                 str(tmp_path / "kept"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    name = "gpu_check_cpu-tiny.md"
+    assert (tmp_path / "kept" / name).read_text() == (tmp_path / "out" / name).read_text()
+
+
+
+def test_device_busy_time_counts_overlapping_kernels_once():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from gpu_check import busy_us
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    # two streams overlapping over 5-12, a gap 15-20, one nested kernel
+    assert busy_us([(0, 10), (5, 12), (20, 30), (22, 25)]) == 12 + 10
+    assert busy_us([]) == 0

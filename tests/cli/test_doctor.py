@@ -309,3 +309,23 @@ def test_memory_compares_peaks_above_the_parameters_and_inputs_on_both_sides():
     check's tolerance (the doctor's model, smaller, on the CPU under Inductor)."""
     measured, predicted = doctor_memory.step_peak(torch.device("cpu"), 1.0, width=64, batch=256)
     assert memory_problems([(1.0, measured, predicted)]) == []
+
+
+def test_the_command_prints_and_saves_each_check_as_it_ends(tmp_path, capsys, monkeypatch):
+    """A first run on a GPU compiles for minutes: a run cut off by a time limit must still
+    show, and have saved, every check that ended before it."""
+    report = tmp_path / "doctor.json"
+
+    def first(device):
+        return {"found": 1}
+
+    def second(device):  # runs after the first has been printed and saved
+        assert "first" in capsys.readouterr().out
+        saved = json.loads(report.read_text())["checks"]
+        assert [(c["name"], c["status"]) for c in saved] == [("first", "ok")]
+        raise KeyboardInterrupt  # the time limit
+
+    monkeypatch.setattr(doctor, "CHECKS", {"first": first, "second": second})
+    with pytest.raises(KeyboardInterrupt):
+        main(["doctor", "--device", "cpu", "--json", str(report)])
+    assert [c["name"] for c in json.loads(report.read_text())["checks"]] == ["first"]
