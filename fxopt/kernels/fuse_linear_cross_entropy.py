@@ -35,6 +35,14 @@ absolute cap (32 MiB before) multiplied that traffic at large heads (126 blocks 
 3's at 8192 tokens, a predicted 12.6 ms on an H100; 32 blocks now). The pass uses the
 default.
 
+**Aligned logits** (:func:`row_alignment`, :func:`padded_rows`): on CUDA every matmul that
+reads or writes logits gets a row stride that is a multiple of 16 bytes, W's rows padded with
+zeros where the vocabulary (or a block) is not such a multiple, the logits a view of the
+padded product. cuBLAS runs an odd row stride (GPT-2's 50257) on pre-Hopper align1
+kernels: the head's three GEMMs took 15.6 ms eagerly on an H200 against 2.6 ms at 50264
+(benchmarks/results/gpu_check_h200_2026-11-27.md, the GEMM rows). The padded rows' logits
+are never read.
+
 On CUDA, the per-block reductions and pointwise math run in Triton
 (:mod:`fxopt.kernels.fuse_linear_cross_entropy_triton`); elsewhere their torch references below.
 Loss and gradients equal ``F.cross_entropy(F.linear(h, W, b), labels, ...)``'s to fp32
@@ -56,7 +64,8 @@ from fxopt.kernels import triton_runs_on
 __all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
            "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
            "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
-           "mm_fp32", "reference", "refuse_double_backward", "subtract_targets_",
+           "mm_fp32", "padded_rows", "reference", "refuse_double_backward", "row_alignment",
+           "subtract_targets_",
            "temporary_bytes", "token_scales",
            "triton_kernels", "uses_triton"]
 
@@ -89,6 +98,32 @@ def temporary_bytes(itemsize: int, triton: bool) -> int:
     overwritten in place by the Triton kernels; the torch path adds an fp32 copy where the
     compute dtype is narrower."""
     return itemsize if triton or itemsize == 4 else itemsize + 4
+
+
+def row_alignment(device: torch.device, itemsize: int) -> int:
+    """Elements per 16 bytes on CUDA, where cuBLAS's fast kernels want row strides of that
+    multiple (module doc); 1 elsewhere (the CPU's BLAS is indifferent, and padding would
+    only copy)."""
+    return 16 // itemsize if device.type == "cuda" else 1
+
+
+def padded_rows(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+                align: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``weight`` (and ``bias``) in ``dtype`` with zero rows appended up to a multiple of
+    ``align`` rows: the product with them has logits rows of an aligned stride, the real
+    ones its first ``weight.shape[0]`` columns. No copy beyond the cast where the rows are
+    already a multiple."""
+    rows = weight.shape[0]
+    padded = -(-rows // align) * align
+    if padded == rows:
+        return weight.to(dtype), None if bias is None else bias.to(dtype)
+    w = weight.new_zeros((padded, weight.shape[1]), dtype=dtype)
+    w[:rows] = weight
+    b = None
+    if bias is not None:
+        b = bias.new_zeros((padded,), dtype=dtype)
+        b[:rows] = bias
+    return w, b
 
 
 def uses_triton(t: torch.Tensor) -> bool:
@@ -152,9 +187,21 @@ def subtract_targets_(p: torch.Tensor, labels: torch.Tensor, v0: int, label_smoo
 
 def _block_logits(h_cd: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   v0: int, v1: int, compute_dtype: torch.dtype) -> torch.Tensor:
-    """Columns ``v0:v1`` of the logits, computed as the Linear computes them."""
-    b = None if bias is None else bias[v0:v1].to(compute_dtype)
-    return F.linear(h_cd, weight[v0:v1].to(compute_dtype), b)
+    """Columns ``v0:v1`` of the logits, computed as the Linear computes them, with a row
+    stride of :func:`row_alignment` (a view of the padded product)."""
+    w, b = padded_rows(weight[v0:v1], None if bias is None else bias[v0:v1], compute_dtype,
+                       row_alignment(h_cd.device, compute_dtype.itemsize))
+    return F.linear(h_cd, w, b)[:, :v1 - v0]
+
+
+def _block_step(tokens: int, vocab: int, block_bytes: int, compute_dtype: torch.dtype,
+                h: torch.Tensor) -> int:
+    """:func:`block_columns` for the op's dtype and device, a multiple of the row
+    alignment: only the last block is padded."""
+    step = block_columns(tokens, vocab, block_bytes,
+                         temporary_bytes(compute_dtype.itemsize, uses_triton(h)))
+    align = row_alignment(h.device, compute_dtype.itemsize)
+    return min(vocab, -(-step // align) * align)
 
 
 def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
@@ -165,8 +212,7 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     s, sum_z, target = (torch.zeros(tokens, **f32) for _ in range(3))
     fold = triton_kernels().lse_block if uses_triton(h) else lse_block_reference
     h_cd = h.to(compute_dtype)
-    step = block_columns(tokens, vocab, block_bytes,
-                         temporary_bytes(compute_dtype.itemsize, uses_triton(h)))
+    step = _block_step(tokens, vocab, block_bytes, compute_dtype, h)
     for v0 in range(0, vocab, step):
         z = _block_logits(h_cd, weight, bias, v0, min(v0 + step, vocab), compute_dtype)
         fold(z, labels, v0, m, s, sum_z, target, bool(label_smoothing))
@@ -246,8 +292,7 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
         else None
     dw = torch.empty_like(weight) if want_w else None
     db = torch.empty_like(bias) if want_b else None
-    step = block_columns(tokens, vocab, block_bytes,
-                         temporary_bytes(compute_dtype.itemsize, uses_triton(h)))
+    step = _block_step(tokens, vocab, block_bytes, compute_dtype, h)
     for v0 in range(0, vocab, step):
         v1 = min(v0 + step, vocab)
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)

@@ -341,3 +341,64 @@ def test_triton_kernels_compile_for_sm80_and_sm90_without_spills():
     # gradients written in 128-bit stores
     assert all(128 in r.loads for r in reports)
     assert all(128 in r.stores for r in reports if "dlogits" in r.label)
+
+
+class _GemmOperands(torch.utils._python_dispatch.TorchDispatchMode):
+    """The 2-D tensors every matmul reads or writes (aten's mm and addmm, which F.linear
+    and the @ of 2-D tensors reach)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            self.seen += [t for t in (*args, out) if isinstance(t, torch.Tensor) and t.dim() == 2]
+        return out
+
+
+@pytest.mark.parametrize("form", ["recompute", "with_grads"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_with_cudas_alignment_every_gemm_sees_aligned_row_strides(monkeypatch, form, bias):
+    """cuBLAS runs a row stride that is no multiple of 16 bytes (GPT-2's 50257 logits) on
+    align1 kernels, 6x slower on an H200 (benchmarks/results/gpu_check_h200_2026-11-27.md).
+    With CUDA's alignment forced here, both forms pad W's rows: every matmul operand and
+    result has a unit stride and a row stride of 4 fp32 elements' multiple, over an odd
+    vocabulary in odd blocks and chunks, and the loss and gradients stay eager's."""
+    monkeypatch.setattr(lce, "row_alignment", lambda device, itemsize: 16 // itemsize)
+    tokens, hidden, vocab = 23, 16, 131
+    h, weight, b, labels = _inputs(tokens, hidden, vocab, bias)
+    inputs = [t for t in (h, weight, b) if t is not None]
+    detached = [None if t is None else t.detach() for t in (h, weight, b)]
+    f32 = torch.float32
+    with _GemmOperands() as gemms:  # the ops' bodies: a mode sees a custom op as one call
+        if form == "recompute":  # 37 columns a block, rounded up to 40: the last one padded
+            loss, lse = lce._forward(*detached, labels, -100, 0.1, "mean", f32, f32,
+                                     4 * tokens * 37)
+            grads = lce._backward(torch.ones(()), *detached, labels, lse, -100, 0.1, "mean",
+                                  f32, 4 * tokens * 37, (True, True, bias))
+        else:  # 5 rows a chunk
+            loss, *grads = with_grads._forward(*detached, labels, -100, 0.1, "mean", f32, f32,
+                                               4 * vocab * 5, (True, True, bias))
+            grads = grads[:len(inputs)]
+    assert len(gemms.seen) >= 3 * 3
+    misaligned = [tuple(t.stride()) for t in gemms.seen
+                  if min(t.stride()) != 1 or max(t.stride()) % 4]
+    assert misaligned == []
+    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean")
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    # dh sums V products whose signs cancel: fp32 rounding relative to the largest entry
+    for got, want in zip(grads, torch.autograd.grad(expected, inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+def test_the_alignment_is_16_bytes_on_cuda_and_none_elsewhere():
+    assert lce.row_alignment(torch.device("cuda", 0), 2) == 8
+    assert lce.row_alignment(torch.device("cuda", 0), 4) == 4
+    assert lce.row_alignment(torch.device("cpu"), 2) == 1
+    w, b = lce.padded_rows(torch.ones(5, 3), torch.ones(5), torch.bfloat16, 8)
+    assert w.shape == (8, 3) and w.dtype == torch.bfloat16 and b.shape == (8,)
+    assert w[:5].eq(1).all() and w[5:].eq(0).all() and b[5:].eq(0).all()
+    same, _ = lce.padded_rows(torch.ones(8, 3), None, torch.float32, 8)
+    assert same.shape == (8, 3)
