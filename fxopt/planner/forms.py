@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 from fxopt.planner.hardware import HardwareProfile
 
-__all__ = ["Prediction", "Work", "cell_loop_work", "gpt2_parts", "gpt2_work",
-           "head_gemm_kind", "linear_cross_entropy_work", "lstm_lm_work",
+__all__ = ["INDUCTOR_HEAD_PAD_BYTES", "Prediction", "Work", "cell_loop_work", "gpt2_parts",
+           "gpt2_work", "head_gemm_kind", "linear_cross_entropy_work", "lstm_lm_work",
            "offload_step_seconds", "predict", "quantization", "rate", "rnn_call_work"]
 
 GATES = {"lstm": 4, "gru": 3}
@@ -291,14 +291,23 @@ GPT2_INDUCTOR_LOSS = dict(head=2, max_and_sum=2, backward=2 + 2)
 PARAM_BYTES = 6 + 6
 
 
-def head_gemm_kind(vocab: int, itemsize: int) -> str:
+def head_gemm_kind(vocab: int, itemsize: int, padded: bool = False) -> str:
     """The rate kind of an LM head's GEMMs, whose rows of logits (or their gradient) are
     ``vocab`` entries of ``itemsize`` bytes: fp32 GEMMs for 4 bytes; else bf16, at the
     unaligned rate where a row is not a multiple of 16 bytes (the hardware profile's note:
-    no TMA descriptor)."""
+    no TMA descriptor) unless the rows are ``padded`` to one (Inductor's pad_mm,
+    fuse_linear_cross_entropy's op)."""
     if itemsize == 4:
         return "float32"
-    return "bfloat16" if vocab * itemsize % 16 == 0 else "bfloat16_unaligned"
+    aligned = padded or vocab * itemsize % 16 == 0
+    return "bfloat16" if aligned else "bfloat16_unaligned"
+
+
+# Inductor pads an odd-stride head GEMM (pad_mm) and copies the padded result out: about one
+# bf16 logits tensor written and read (4 bytes a logit) beside aligned GEMMs. Fitted to the
+# H200's GEMM rows (benchmarks/results/gpu_check_h200_2026-11-27.md): the head's three GEMMs
+# compiled at 50257 took 3.26 ms, at 50264 eagerly 2.57.
+INDUCTOR_HEAD_PAD_BYTES = 4
 
 
 def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
@@ -309,8 +318,9 @@ def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
     - "block_gemms": per layer the 4 linear layers' forward, input-gradient and
       weight-gradient GEMMs, by shape (:data:`GEMM_TILE`);
     - "head_gemms": the tied LM head's 3 GEMMs; every one has the vocabulary as a row
-      stride (the logits, their gradient), so an odd vocabulary prices them at the
-      "bfloat16_unaligned" rate;
+      stride (the logits, their gradient), so an odd vocabulary prices eager's at the
+      "bfloat16_unaligned" rate, and Inductor's as aligned GEMMs that pad
+      (``INDUCTOR_HEAD_PAD_BYTES`` a logit);
     - "attention": causal flash attention, 2 x batch x seq^2 x hidden forward per layer
       (FlashAttention's count: causal work halved), 2.5x that backward, at the flash rates;
     - "block_bytes": the block's bytes listed above, 1 + ``BACKWARD_BYTES`` times;
@@ -325,7 +335,9 @@ def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
         gemms += [("bfloat16", tokens, width_out, width_in, layers),
                   ("bfloat16", tokens, width_in, width_out, layers),
                   ("bfloat16", width_in, width_out, tokens, layers)]
-    head = head_gemm_kind(vocab, 2)
+    head = head_gemm_kind(vocab, 2, padded=form != "eager")
+    pad_bytes = INDUCTOR_HEAD_PAD_BYTES * tokens * vocab \
+        if form != "eager" and head_gemm_kind(vocab, 2) != head else 0
     attention = layers * 2.0 * batch * seq * seq * hidden
     block = GPT2_EAGER_BLOCK if form == "eager" else GPT2_INDUCTOR_BLOCK
     loss = GPT2_EAGER_LOSS if form == "eager" else GPT2_INDUCTOR_LOSS
@@ -336,7 +348,7 @@ def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
         "block_gemms": Work(gemms=gemms),
         "head_gemms": Work(gemms=[(head, tokens, vocab, hidden, 1),
                                   (head, tokens, hidden, vocab, 1),
-                                  (head, vocab, hidden, tokens, 1)]),
+                                  (head, vocab, hidden, tokens, 1)], bytes=float(pad_bytes)),
         "attention": Work(gemm_flops={"flash_attention_forward": attention,
                                       "flash_attention_backward": 2.5 * attention}),
         "block_bytes": Work(bytes=float(sum(block.values()) * (1 + BACKWARD_BYTES)
@@ -371,7 +383,8 @@ def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, p
     """One forward and backward of fuse_linear_cross_entropy's op in ``form``
     ("recompute": ``pieces`` vocabulary blocks, the logits made twice; "with_grads":
     ``pieces`` chunks of token rows, the gradients made in the forward), the head's
-    compute dtype ``itemsize`` bytes (:func:`head_gemm_kind`).
+    compute dtype ``itemsize`` bytes (:func:`head_gemm_kind`; the op pads W's rows to an
+    aligned logits stride on CUDA, so its GEMMs are aligned ones).
 
     GEMMs: the logits once per pass over them, and the wanted gradients' (2 x tokens x
     hidden x vocab each). Bytes per logit: per pass the logits written and read (2 x
@@ -381,7 +394,7 @@ def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, p
     that adds to it (8 bytes an entry), or, where a half GEMM cannot (not
     ``fused_accumulate``), its fp32 product written and then added (16).
     Host: 8 launches a piece."""
-    compute = head_gemm_kind(vocab, itemsize)
+    compute = head_gemm_kind(vocab, itemsize, padded=True)
     gemm = 2.0 * tokens * hidden * vocab
     wanted = grad_h + grad_weight
     logits = tokens * vocab

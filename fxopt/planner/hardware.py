@@ -148,26 +148,28 @@ CPU_DEFAULT = HardwareProfile(
 # the step times these predict against that table.
 _GPU_HOST_COSTS = dict(kernel_launch_seconds=6e-6, eager_op_seconds=20e-6,
                        python_op_seconds=170e-6, kernel_latency_seconds=7e-6)
-# Kernel families with documented H100 SXM5 rates (fxopt.planner.forms prices with them):
+# Kernel families whose rates were measured on an H200 (benchmarks/results/
+# gpu_check_h200_2026-11-27.md; the H100 has the same SMs and tensor cores at a lower memory
+# bandwidth, so they stand for both):
 # - a bf16 GEMM whose operand has a row stride that is not a multiple of 16 bytes (GPT-2's
 #   vocabulary, 50257) cannot be described by a TMA descriptor (CUDA Driver API,
-#   cuTensorMapEncodeTiled: "globalStrides" must be multiples of 16 bytes), so cuBLAS cannot
-#   run its TMA/wgmma Hopper kernels on it and takes a pre-Hopper mma.sync kernel (seen on
-#   H100 in github.com/m87-labs/kestrel/pull/143; the align1 CUTLASS kernels of
-#   github.com/pytorch/pytorch/issues/181718); without wgmma an H100 "tops out around 63%
-#   of its peak" (Hazy Research, "GPUs Go Brrr", 2024-05-12,
-#   hazyresearch.stanford.edu/blog/2024-05-12-tk): 0.63 x the datasheet's 989;
-# - FlashAttention-2 (PyTorch's SDPA flash kernels, torch >= 2.2) at head dim 64 and
-#   sequence 1k on an H100 SXM5: forward with a causal mask 229 TFLOP/s, backward 238
-#   (FlashAttention-3 paper, Shah et al. 2024, arXiv:2407.08608, figures "Attention
-#   forward speed, head dim 64" (causal) and "Attention backward speed, head dim 64").
+#   cuTensorMapEncodeTiled: "globalStrides" must be multiples of 16 bytes), so cuBLAS runs
+#   it on pre-Hopper align1 CUTLASS kernels (cutlass_75_tensorop_bf16_s1688gemm_*_align1 in
+#   the profile): the head's three GEMMs at 8192 x 768 x 50257 took 15.58 ms, 122 TFLOP/s,
+#   against 2.57 ms at 50264 (the GEMM rows). The first estimate here, 0.63 x peak (the
+#   mma.sync ceiling), was 5x too fast;
+# - causal attention at head dim 64, sequence 1024, batch 8 x 12 heads (GPT-2's step;
+#   torch 2.11 runs cuDNN's SDPA kernels there): forward 1.35 ms and backward 1.92 ms over
+#   6 layers, 57 and 100 TFLOP/s in FlashAttention's count (causal work halved, the
+#   backward 2.5x the forward). The first estimate, FlashAttention-2's published rates at
+#   that shape (229 and 238), was 2-4x too fast.
 # 132 SMs: the H100 SXM5 (NVIDIA H100 Tensor Core GPU datasheet / Hopper whitepaper).
 _H100 = HardwareProfile(
     name="H100", device_type="cuda",
     flops={"float32": 0.7 * 67 * _TERA, "tf32": 0.7 * 495 * _TERA,
            "bfloat16": 0.7 * 989 * _TERA, "float16": 0.7 * 989 * _TERA,
-           "bfloat16_unaligned": 0.63 * 989 * _TERA,
-           "flash_attention_forward": 229 * _TERA, "flash_attention_backward": 238 * _TERA},
+           "bfloat16_unaligned": 122 * _TERA,
+           "flash_attention_forward": 57 * _TERA, "flash_attention_backward": 100 * _TERA},
     memory_bandwidth=0.8 * 3.35 * _TERA, host_device_bandwidth=50 * _GIGA,
     cpu_update_params_per_second=1.5e9, memory_capacity=80 * 10**9, multiprocessors=132,
     **_GPU_HOST_COSTS)
