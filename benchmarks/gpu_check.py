@@ -163,9 +163,10 @@ class Check:
                 self.peaks[(row.section, row.name)] = int(float(row.peak) * 2**20)
 
     def measure(self, row: Row, step: Callable[[], torch.Tensor],
-                backends: tuple[fxopt.Backend, ...] = ()) -> None:
+                backends: tuple[fxopt.Backend, ...] = (), top: int = 0) -> None:
         """Time ``step`` (returns the loss) into ``row``; its loss is compared with the
-        section's reference row's (:data:`REFERENCES`)."""
+        section's reference row's (:data:`REFERENCES`). One more step, profiled, gives the
+        device's busy time and, with ``top``, that many of its longest kernels."""
         reference = REFERENCES[row.section]
         device = self.device
         timing.sync(device)
@@ -199,7 +200,10 @@ class Check:
         fired = _fired(backends)
         if fired:
             row.notes.append("fired: " + ", ".join(fired))
-        row.notes.append(device_busy(counted, device, taken.median_ms))
+        kernels = _profiled(counted, device)
+        row.notes.append(device_busy(kernels, device, taken.median_ms))
+        if top:
+            row.notes.append(top_kernels(kernels, device, top))
 
     # ---- GPT-2 ---------------------------------------------------------------------
 
@@ -237,10 +241,9 @@ class Check:
         at the peak (:meth:`peak_sites`) and the kernels that took the most time in one
         more step (:func:`top_kernels`: where issue 30.5's unexplained milliseconds go)."""
         step, built = self.gpt2_step(prepare)
-        self.measure(row, step, backends)
+        self.measure(row, step, backends, top=8 if sites else 0)
         if sites:
             self.peak_sites(row, *built)
-            row.notes.append(top_kernels(step, self.device, 8))
 
     def gpt2_case(self, prepare: Callable[[torch.nn.Module], Any],
                   context: Callable[[], Any] = contextlib.nullcontext,
@@ -376,18 +379,13 @@ class Check:
             row.step, row.compile = taken.text(2), f"{taken.first_s:.1f}"
             row.peak = row.loss_text = "-"
             hw = profile_for(device)
-            kind = forms.head_gemm_kind(width_out, 2, padded=compile_it)  # Inductor pads
-            padding = forms.INDUCTOR_HEAD_PAD_BYTES * tokens * width_out \
-                if kind != forms.head_gemm_kind(width_out, 2) else 0
-            work = forms.Work(gemms=[(kind, tokens, width_out, width_in, 1),
-                                     (kind, tokens, width_in, width_out, 1),
-                                     (kind, width_in, width_out, tokens, 1)],
-                              bytes=float(padding))
+            work = forms.head_gemms_work(tokens, width_in, width_out, compiled=compile_it)
+            kind = work.gemms[0][0]
             flops = 3 * 2.0 * tokens * width_in * width_out
             row.notes += [f"{flops / taken.median_ms / 1e9:.3g} TFLOP/s",
                           f"predicted {forms.predict(work, hw).ms:.2f} ms "
                           f"({hw.name} profile, {kind})",
-                          top_kernels(lambda: fn(x, w, g), device, 3)]
+                          top_kernels(_profiled(lambda: fn(x, w, g), device), device, 3)]
         return run
 
     # ---- the list, in priority order -----------------------------------------------
@@ -507,24 +505,25 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
     return covered
 
 
-def device_busy(fn: Callable[[], Any], device: torch.device, step_ms: float) -> str:
-    """How much of a step the device spent running kernels (one more step, profiled),
-    against the step's measured median: where it is well under the step, the host's
+def device_busy(kernels: list[tuple[str, float, float]], device: torch.device,
+                step_ms: float) -> str:
+    """How much of a step the device spent running ``kernels`` (:func:`_profiled`, one more
+    step), against the step's measured median: where it is well under the step, the host's
     launches bound it and fewer launches pay; near it, the device's work does (the cost
     model's two bounds, issue 30.5)."""
-    kernels = _profiled(fn, device)
     busy = busy_us([(start, end) for _, start, end in kernels]) / 1e3
     what = "kernels" if device.type == "cuda" else "ops (CPU)"
     return (f"device busy {busy:.2f} ms ({busy / step_ms:.0%} of the step), "
             f"{len(kernels)} {what}")
 
 
-def top_kernels(fn: Callable[[], Any], device: torch.device, count: int) -> str:
-    """The ``count`` kernels that took the most device time in one call of ``fn``, by name
-    (torch.profiler; on the CPU the ops): which GEMM kernel a head of an odd vocabulary
-    runs, and where a step's time goes, for the cost model (issue 30.5)."""
+def top_kernels(kernels: list[tuple[str, float, float]], device: torch.device,
+                count: int) -> str:
+    """The ``count`` of ``kernels`` (:func:`_profiled`) that took the most device time, by
+    name (on the CPU the ops): which GEMM kernel a head of an odd vocabulary runs, and where
+    a step's time goes, for the cost model (issue 30.5)."""
     totals: dict[str, float] = {}
-    for name, start, end in _profiled(fn, device):
+    for name, start, end in kernels:
         name = name.replace("|", "/")[:90]
         totals[name] = totals.get(name, 0.0) + end - start
     top = sorted(totals.items(), key=lambda item: -item[1])[:count]

@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from fxopt.planner.hardware import HardwareProfile
 
 __all__ = ["INDUCTOR_HEAD_PAD_BYTES", "Prediction", "Work", "cell_loop_work", "gpt2_parts",
-           "gpt2_work", "head_gemm_kind", "linear_cross_entropy_work", "lstm_lm_work",
-           "offload_step_seconds", "predict", "quantization", "rate", "rnn_call_work"]
+           "gpt2_work", "head_gemm_kind", "head_gemms_work", "linear_cross_entropy_work",
+           "lstm_lm_work", "offload_step_seconds", "predict", "quantization", "rate",
+           "rnn_call_work"]
 
 GATES = {"lstm": 4, "gru": 3}
 
@@ -310,6 +311,17 @@ def head_gemm_kind(vocab: int, itemsize: int, padded: bool = False) -> str:
 INDUCTOR_HEAD_PAD_BYTES = 4
 
 
+def head_gemms_work(tokens: int, hidden: int, vocab: int, compiled: bool) -> Work:
+    """An LM head's three bf16 GEMMs in a training step (the logits, the input's and the
+    weight's gradients): eager's at :func:`head_gemm_kind`'s rate; Inductor's (``compiled``)
+    at the aligned rate, plus ``INDUCTOR_HEAD_PAD_BYTES`` a logit where it pads."""
+    kind = head_gemm_kind(vocab, 2, padded=compiled)
+    padding = INDUCTOR_HEAD_PAD_BYTES * tokens * vocab \
+        if kind != head_gemm_kind(vocab, 2) else 0
+    return Work(gemms=[(kind, tokens, vocab, hidden, 1), (kind, tokens, hidden, vocab, 1),
+                       (kind, vocab, hidden, tokens, 1)], bytes=float(padding))
+
+
 def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
                form: str) -> dict[str, Work]:
     """One training step of transformers' GPT-2 (dropout on, bf16 autocast, the model's own
@@ -317,10 +329,9 @@ def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
 
     - "block_gemms": per layer the 4 linear layers' forward, input-gradient and
       weight-gradient GEMMs, by shape (:data:`GEMM_TILE`);
-    - "head_gemms": the tied LM head's 3 GEMMs; every one has the vocabulary as a row
-      stride (the logits, their gradient), so an odd vocabulary prices eager's at the
-      "bfloat16_unaligned" rate, and Inductor's as aligned GEMMs that pad
-      (``INDUCTOR_HEAD_PAD_BYTES`` a logit);
+    - "head_gemms": the tied LM head's 3 GEMMs (:func:`head_gemms_work`); every one has the
+      vocabulary as a row stride (the logits, their gradient), so an odd vocabulary prices
+      eager's at the "bfloat16_unaligned" rate, and Inductor's as aligned GEMMs that pad;
     - "attention": causal flash attention, 2 x batch x seq^2 x hidden forward per layer
       (FlashAttention's count: causal work halved), 2.5x that backward, at the flash rates;
     - "block_bytes": the block's bytes listed above, 1 + ``BACKWARD_BYTES`` times;
@@ -335,9 +346,6 @@ def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
         gemms += [("bfloat16", tokens, width_out, width_in, layers),
                   ("bfloat16", tokens, width_in, width_out, layers),
                   ("bfloat16", width_in, width_out, tokens, layers)]
-    head = head_gemm_kind(vocab, 2, padded=form != "eager")
-    pad_bytes = INDUCTOR_HEAD_PAD_BYTES * tokens * vocab \
-        if form != "eager" and head_gemm_kind(vocab, 2) != head else 0
     attention = layers * 2.0 * batch * seq * seq * hidden
     block = GPT2_EAGER_BLOCK if form == "eager" else GPT2_INDUCTOR_BLOCK
     loss = GPT2_EAGER_LOSS if form == "eager" else GPT2_INDUCTOR_LOSS
@@ -346,9 +354,7 @@ def gpt2_parts(layers: int, hidden: int, vocab: int, seq: int, batch: int,
                 {"compiled": INDUCTOR_KERNELS_PER_BLOCK * layers})
     return {
         "block_gemms": Work(gemms=gemms),
-        "head_gemms": Work(gemms=[(head, tokens, vocab, hidden, 1),
-                                  (head, tokens, hidden, vocab, 1),
-                                  (head, vocab, hidden, tokens, 1)], bytes=float(pad_bytes)),
+        "head_gemms": head_gemms_work(tokens, hidden, vocab, compiled=form != "eager"),
         "attention": Work(gemm_flops={"flash_attention_forward": attention,
                                       "flash_attention_backward": 2.5 * attention}),
         "block_bytes": Work(bytes=float(sum(block.values()) * (1 + BACKWARD_BYTES)
