@@ -116,11 +116,12 @@ H100_INDUCTOR = pytest.mark.xfail(strict=True, reason=(
 GPT2_TABLES = [pytest.param(H100, TABLE, id="H100"), pytest.param(H200, H200_TABLE, id="H200")]
 
 
-@pytest.mark.parametrize("hw,table", [pytest.param(H100, TABLE, id="H100", marks=H100_INDUCTOR),
-                                      GPT2_TABLES[1]])
-def test_gpt2_eager_against_inductor_is_the_table_ratio(hw, table):
+@pytest.mark.parametrize("hw,table", GPT2_TABLES)
+def test_gpt2_eager_against_inductor_is_the_table_ratio(hw, table, request):
     """What codegen="auto" decides on: eager's step over Inductor's (a byte count per op of
     the block, eager's unfused, Inductor's fused)."""
+    if hw is H100:  # the ratio's denominator is the H100's missed Inductor row
+        request.applymarker(H100_INDUCTOR)
     eager, inductor = (forms.predict(forms.gpt2_work(6, 768, 50257, 1024, 8, f), hw).ms
                        for f in ("eager", "inductor"))
     measured = (measured_ms("GPT-2", "eager", table)
