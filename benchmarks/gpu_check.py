@@ -15,9 +15,9 @@ configuration names the rows keep, so that runs compare row by row):
   torch.compile against fxopt's fuse_linear_cross_entropy and fxopt's defaults (whether
   the break holds the defaults' extra logits tensor of the first H100 run).
 - The nn.LSTM LM (Embedding(10000, 512) -> nn.LSTM(512, 1024, 2 layers) -> Linear, batch
-  32 x seq 128, fp32, Dynamo's allow_rnn): eager (cuDNN), fxopt defaults, fuse_rnn=True,
-  fuse_rnn="auto" (the cost model's choice), memory_budget=0.5 (recompute_rnn), eager
-  under checkpoint.
+  32 x seq 128, fp32, Dynamo's allow_rnn): eager (cuDNN), fuse_rnn="auto" (the cost
+  model's choice: cuDNN, run once by library_rnn), fuse_rnn=True, memory_budget=0.5
+  (recompute_rnn), eager under checkpoint.
 - The LSTMCell loop (the same embedding, one LSTMCell(512, 1024) stepped 64 times, batch
   32): eager, torch.compile, fuse_rnn=True (its fusible cells under Inductor: predicted
   6.4 ms on an H100 against eager's 23.3 and plain torch.compile's 7.4), fuse_rnn=True with
@@ -340,17 +340,21 @@ class Check:
                 backend = self.fxopt(offload_optimizer=True)
 
                 def adamw(model: Any, compiled: Any) -> Any:
-                    return fxopt.optim.offload(torch.optim.AdamW(model.parameters(), lr=1e-4),
-                                               backend, model=compiled,
-                                               cpu_fraction=cpu_fraction,
-                                               **offload_options)
+                    offloaded = fxopt.optim.offload(
+                        torch.optim.AdamW(model.parameters(), lr=1e-4), backend,
+                        model=compiled, cpu_fraction=cpu_fraction, **offload_options)
+                    made.append(offloaded)
+                    return offloaded
 
             def prepare(model: torch.nn.Module) -> Any:
                 return torch.compile(model, backend=backend or "inductor")
 
+            made: list[Any] = []
             step, _ = self.gpt2_step(prepare, dropout=0.0, batch=self.sizes.optim_batch,
                                      optimizer=adamw)
             self.measure(row, step, (backend,) if backend else ())
+            if made:  # issue 30.3: the plan's predicted step against the measured one
+                row.notes.append(f"plan: {made[-1].plan.summary()}")
         return run
 
     # ---- GEMMs against the cost model -------------------------------------------------

@@ -68,11 +68,14 @@ def call_kernel(op: Any, device_type: str, args: Sequence[Any], kwargs: dict[str
 @contextlib.contextmanager
 def modes_suspended() -> Iterator[None]:
     """No dispatch mode active inside (a ``FakeTensorMode`` that is tracing the caller,
-    say): tensors made here are real, and ops run on them really run."""
+    say): tensors made here are real, and ops run on them really run, as at run time: the
+    Python dispatcher a compilation turns on is off too (under it ``torch.lstm`` runs
+    AOTAutograd's per-step decomposition instead of the library's fused call)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with unset_fake_temporarily(), _disable_current_modes():
+    with unset_fake_temporarily(), _disable_current_modes(), \
+            torch._C._DisablePythonDispatcher():
         yield
 
 

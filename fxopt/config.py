@@ -35,8 +35,8 @@ from fxopt.units import UNITS, format_bytes, parse_bytes
 
 __all__ = ["MODES", "MemoryBudget", "OptionError", "Options", "option_docs", "patch", "resolve"]
 
-PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "swap_recompute", "offload_optimizer",
-              "fuse_linear_cross_entropy")
+PASS_FLAGS = ("tempo", "fuse_elementwise", "fuse_rnn", "library_rnn", "swap_recompute",
+              "offload_optimizer", "fuse_linear_cross_entropy")
 CODEGENS = ("auto", "fx", "inductor")
 
 # `torch.compile(mode=...)` presets. torch.compile refuses `mode` and `options` together,
@@ -115,6 +115,11 @@ class Options:
     fuse_rnn: bool | str | None = field(default=None, metadata={
         "doc": "EcoRNN-style fused LSTM/GRU cells in Triton; 'auto': on CUDA, whole "
                "nn.LSTM/nn.GRU calls stay with cuDNN where the cost model predicts it faster"})
+    library_rnn: bool | None = field(default=None, metadata={
+        "doc": "whole nn.LSTM/nn.GRU calls fuse_rnn left run once by the library (cuDNN), "
+               "as eager runs them, instead of AOTAutograd's per-step decomposition "
+               "(default: on CUDA unless fuse_rnn=False or memory_budget, which recomputes "
+               "them)"})
     swap_recompute: bool | None = field(default=None, metadata={
         "doc": "DELTA-style swap or recompute of saved activations"})
     offload_optimizer: bool | None = field(default=None, metadata={

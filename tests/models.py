@@ -1,5 +1,6 @@
-"""Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM, and a
-wrapper that runs a model under bf16 autocast; ``seeded_step``, one measured training step;
+"""Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM, an
+``nn.LSTM``/``nn.GRU`` language model with its loss (and its tokens), and a wrapper that
+runs a model under bf16 autocast; ``seeded_step``, one measured training step;
 ``load_benchmark``, a benchmark script's models and measurements for the tests that check
 what its committed table shows."""
 
@@ -71,6 +72,29 @@ class LSTMModel(nn.Module):
     def forward(self, tokens):
         out, _ = self.lstm(self.embed(tokens))
         return self.head(out)
+
+
+class RNNLanguageModel(nn.Module):
+    """Embedding, a 2-layer ``nn.LSTM`` or ``nn.GRU``, a head, the LM loss."""
+
+    def __init__(self, mode: str, vocab: int = 29, hidden: int = 12, dropout: float = 0.0,
+                 batch_first: bool = True):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.rnn = (nn.LSTM if mode == "lstm" else nn.GRU)(
+            hidden, hidden, 2, batch_first=batch_first, dropout=dropout)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        states, _ = self.rnn(self.embed(ids))
+        return F.cross_entropy(self.head(states).flatten(0, 1), labels.flatten())
+
+
+def rnn_tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`RNNLanguageModel`'s inputs and labels: 3 sequences of 11 of its 29 tokens."""
+    generator = torch.Generator().manual_seed(1)
+    return (torch.randint(0, 29, (3, 11), generator=generator),
+            torch.randint(0, 29, (3, 11), generator=generator))
 
 
 def deep_mlp() -> nn.Module:

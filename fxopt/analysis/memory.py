@@ -28,7 +28,10 @@ reproduces the step's live bytes. Rules:
   Gradients the backward returns stay alive to the end (they become ``.grad``).
 - Workspace: the temporaries fxopt's custom ops (tempo's, fuse_rnn's) allocate and free
   inside one call are live while that node runs (:mod:`fxopt.analysis.workspace`, measured
-  once per op signature), e.g. tempo's CPU GELU backward beside its output. Not modelled:
+  once per op signature), e.g. tempo's CPU GELU backward beside its output. What
+  ``fxopt::library_rnn`` keeps for its backward outside the graph (the library's autograd
+  graph) is measured the same way and counted on the handle it returns, which lives until
+  the backward op. Not modelled:
   aten kernels' own workspaces and allocator caching/fragmentation (this is bytes of live
   tensors, what ``torch.cuda.memory_allocated`` reports, not ``reserved``).
 - ``codegen="inductor"``: Inductor's generated code does not store every node's value:
@@ -65,7 +68,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from fxopt import _compat
 from fxopt.analysis.cost import is_view_op, node_cost, return_aliases
 from fxopt.analysis.shapes import storage_nbytes
-from fxopt.analysis.workspace import workspace_bytes
+from fxopt.analysis.workspace import held_bytes, workspace_bytes
 from fxopt.codegen import Codegen, as_codegen
 
 __all__ = [
@@ -320,6 +323,8 @@ class _Simulation:
             self.trees[n] = self._value_tree(n, index)
             if extra := workspace_bytes(n):
                 self.workspace[index] = extra
+            if (held := held_bytes(n)) and isinstance(self.trees[n], tuple):
+                self.sizes[self.trees[n][-1]] += held  # on the handle (workspace module doc)
 
     def hold_to_end(self, nodes: list[fx.Node]) -> None:
         self.held.extend(nodes)

@@ -1,4 +1,5 @@
-"""Temporaries an op allocates and frees inside one call (its workspace), for the memory model.
+"""Temporaries an op allocates and frees inside one call (its workspace), and bytes it keeps
+past its return outside its outputs (what it holds for its backward), for the memory model.
 
 The liveness simulation (:mod:`fxopt.analysis.memory`) sees a graph's values: each node's
 outputs, and when they die. fxopt's own ops (tempo's and fuse_rnn's custom ops) run as one
@@ -21,6 +22,13 @@ is measured, so a cache the op fills on its first call is not counted. Cost: a f
 milliseconds per signature (six in a transformer with every tempo site), cached for the
 process.
 
+Held bytes: ``fxopt::library_rnn`` keeps the library's autograd graph (its copy of the
+sequence, cuDNN's reserve space or oneDNN's workspace and saved states) in a table until its
+backward op runs, out of the graph's sight but for the small handle it returns. The same
+measurement counts what is still live when the op has returned, beyond its outputs (the
+ops of :data:`HOLDING_OPS`); the simulation gives those bytes to the handle, which the
+graph saves for the backward op, where the table lets them go.
+
 Measured: the ops of :data:`MEASURED_OPS`, pure functions of their inputs. aten and prims
 ops are not (their CPU kernels allocate their outputs only, except a few workspaces of
 matmuls and convolutions, which the allocator hands out outside the dispatcher and which
@@ -42,7 +50,7 @@ from fxopt import _compat
 from fxopt.analysis.measure import LiveStorageTracker
 from fxopt.analysis.shapes import size_hint
 
-__all__ = ["MEASURED_OPS", "workspace_bytes"]
+__all__ = ["HOLDING_OPS", "MEASURED_OPS", "held_bytes", "workspace_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -55,28 +63,51 @@ MEASURED_OPS = frozenset({
     "fxopt::lstm_cell", "fxopt::lstm_cell_backward",
     "fxopt::gru_cell", "fxopt::gru_cell_backward",
     "fxopt::linear_cross_entropy", "fxopt::linear_cross_entropy_backward",
-    "fxopt::linear_cross_entropy_with_grads"})
+    "fxopt::linear_cross_entropy_with_grads", "fxopt::library_rnn"})
+
+# Ops that keep bytes for their backward outside their outputs (module doc); their handle
+# is their last output.
+HOLDING_OPS = frozenset({"fxopt::library_rnn"})
 
 
 def workspace_bytes(node: fx.Node) -> int:
     """The bytes ``node``'s op holds inside its call beyond its outputs (0 for an op not in
     :data:`MEASURED_OPS`, or one whose arguments are not all known)."""
+    return _measured_for(node).workspace
+
+
+def held_bytes(node: fx.Node) -> int:
+    """The bytes ``node``'s op keeps past its return for its backward, beyond its outputs
+    (0 for an op not in :data:`HOLDING_OPS`, or one whose arguments are not all known)."""
+    if node.op != "call_function" or not _compat.is_op_overload(node.target) \
+            or node.target.name() not in HOLDING_OPS:
+        return 0
+    return _measured_for(node).held
+
+
+@dataclass(frozen=True)
+class _Measured:
+    workspace: int = 0   # peak inside the call above its inputs and outputs
+    held: int = 0        # still live once it returned, beyond its outputs
+
+
+def _measured_for(node: fx.Node) -> _Measured:
     if node.op != "call_function" or not _compat.is_op_overload(node.target) \
             or node.target.name() not in MEASURED_OPS:
-        return 0
+        return _Measured()
     try:
         args = _spec(node.args)
         kwargs = tuple(sorted((k, _spec(v)) for k, v in node.kwargs.items()))
     except _Unknown as unknown:
         log.debug("workspace of %s not measured: %s has no value", node.name, unknown)
-        return 0
+        return _Measured()
     return _measured(node.target, args, kwargs)
 
 
 @functools.cache
-def _measured(op: Any, args_spec: tuple, kwargs_spec: tuple) -> int:
-    """The workspace of one signature (cached); a measurement that fails (an op that cannot
-    run on this machine's tensors) warns once and counts none."""
+def _measured(op: Any, args_spec: tuple, kwargs_spec: tuple) -> _Measured:
+    """The workspace and held bytes of one signature (cached); a measurement that fails (an
+    op that cannot run on this machine's tensors) warns once and counts none."""
     try:
         with _compat.modes_suspended():  # planning may run inside Dynamo's fake mode
             return _measure(op, args_spec, kwargs_spec)
@@ -84,7 +115,7 @@ def _measured(op: Any, args_spec: tuple, kwargs_spec: tuple) -> int:
         warnings.warn(f"fxopt: the memory model could not measure {op}'s workspace "
                       f"({type(error).__name__}: {error}); predicted peaks leave it out",
                       stacklevel=2)
-        return 0
+        return _Measured()
 
 
 class _Unknown(Exception):
@@ -135,11 +166,11 @@ def _tensor_specs(spec: Any) -> list[_TensorSpec]:
     return []
 
 
-def _measure(op: Any, args_spec: tuple, kwargs_spec: tuple) -> int:
+def _measure(op: Any, args_spec: tuple, kwargs_spec: tuple) -> _Measured:
     tensors = _tensor_specs((args_spec, kwargs_spec))
     device = torch.device(tensors[0].device if tensors else "cpu")
     if device.type == "meta":
-        return 0
+        return _Measured()
     args = _build(args_spec)
     kwargs = {k: _build(v) for k, v in kwargs_spec}
     inputs = [t for t in _compat.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -152,10 +183,11 @@ def _measure(op: Any, args_spec: tuple, kwargs_spec: tuple) -> int:
                 outputs = sum(s.nbytes() for s in {id(s): s for s in _storages(out)}.values()
                               if id(s) not in tracker.input_ids)
                 peak = tracker.peak_bytes - tracker.baseline_bytes
+                live = tracker.current_bytes - tracker.baseline_bytes
             del out
-    extra = max(0, peak - outputs)
-    log.debug("workspace of %s: %d bytes", op, extra)
-    return extra
+    measured = _Measured(workspace=max(0, peak - outputs), held=max(0, live - outputs))
+    log.debug("workspace of %s: %s", op, measured)
+    return measured
 
 
 def _storages(value: Any) -> list[torch.UntypedStorage]:

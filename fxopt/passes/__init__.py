@@ -20,6 +20,7 @@ from fxopt.passes.base import (
 from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_linear_cross_entropy import fuse_linear_cross_entropy
 from fxopt.passes.fuse_rnn import fuse_rnn
+from fxopt.passes.library_rnn import library_rnn
 from fxopt.passes.noop_dropout import noop_dropout
 from fxopt.passes.offload_optimizer import offload_optimizer
 from fxopt.passes.recompute_rnn import recompute_rnn
@@ -37,11 +38,12 @@ def _budget_or_plan(ctx: PassContext) -> bool:
     return ctx.options.memory_budget is not None or ctx.options.plan is not None
 
 
-def _budget_plan_or_cudnn_kept(ctx: PassContext) -> bool:
-    """recompute_rnn's default: under a budget or plan, and on CUDA under fuse_rnn='auto'
-    (the calls fuse_rnn leaves to cuDNN run as the library's call, not AOTAutograd's
-    per-step decomposition)."""
-    return _budget_or_plan(ctx) or (ctx.options.fuse_rnn == "auto" and ctx.is_cuda)
+def _cudnn_kept_without_budget(ctx: PassContext) -> bool:
+    """library_rnn's default: on CUDA with no budget or plan, unless fuse_rnn=False (the
+    calls fuse_rnn leaves, or all of them when it is off, run once by cuDNN, as eager's, not
+    as AOTAutograd's per-step decomposition; under a budget recompute_rnn takes them)."""
+    return (ctx.options.fuse_rnn is not False and ctx.is_cuda
+            and not _budget_or_plan(ctx))
 
 
 PIPELINE: list[PassSpec] = [
@@ -65,11 +67,16 @@ PIPELINE: list[PassSpec] = [
         description="fused LSTM/GRU cells with their own backward (EcoRNN)"),
     PassSpec(
         name="recompute_rnn", flag="swap_recompute", stages=(Stage.PRE_AUTOGRAD,),
-        run=recompute_rnn, default=_budget_plan_or_cudnn_kept,
-        default_text="on when memory_budget (or plan) is set, as swap_recompute, and on "
-                     "CUDA under fuse_rnn='auto'",
+        run=recompute_rnn, default=_budget_or_plan,
+        default_text="on when memory_budget (or plan) is set, as swap_recompute",
         description="whole nn.LSTM/nn.GRU calls that fuse_rnn left run the library's fused "
                     "RNN, saving only their inputs, and run again in the backward"),
+    PassSpec(
+        name="library_rnn", flag="library_rnn", stages=(Stage.PRE_AUTOGRAD,),
+        run=library_rnn, default=_cudnn_kept_without_budget,
+        default_text="on CUDA unless fuse_rnn=False or memory_budget (or plan) is set",
+        description="whole nn.LSTM/nn.GRU calls that fuse_rnn left to cuDNN run once, as "
+                    "eager's, the library's autograd graph kept for the backward"),
     PassSpec(
         name="fuse_linear_cross_entropy", flag="fuse_linear_cross_entropy",
         stages=(Stage.PRE_AUTOGRAD,), run=fuse_linear_cross_entropy, default=_budget_or_plan,

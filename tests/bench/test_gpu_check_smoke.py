@@ -46,7 +46,8 @@ def test_tiny_gpu_check_runs_every_section_and_writes_the_table(tmp_path):
     # the LSTM models: equal to fp tolerance)
     fused = [r for r in ran if "fuse_rnn=True" in r]
     assert len(fused) == 2 and all("fired: fuse_rnn" in r for r in fused)
-    assert any("fired: offload_optimizer" in r for r in ran)
+    assert any("fired: offload_optimizer" in r and "; plan: " in r and "of parameters "
+               "update on the host" in r for r in ran)  # the predicted step beside the row's
     for row in fused:
         loss_cell = row.split(" | ")[4]
         assert abs(float(loss_cell.split("(")[1].rstrip(")"))) < 1e-4, row

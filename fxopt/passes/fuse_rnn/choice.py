@@ -7,13 +7,12 @@ chained per step on the device) and fuse_rnn's unrolled one as the graph's code 
 runs it (under Inductor the fusible cells: per step five launches from compiled code,
 bound by the device's chain of skinny GEMMs and the weight gradient's accumulation; under
 fx the Python cell ops, bound by the host). ``fuse_rnn="auto"`` leaves the call to cuDNN
-when cuDNN is predicted faster; recompute_rnn then takes it (its default on CUDA under
-"auto", budget or not), so it runs as one library call, recomputed in the backward,
-instead of AOTAutograd's per-step decomposition. The recompute adds the call's forward (by
-the counts of :func:`~fxopt.planner.forms.rnn_call_work`, well under the unrolled form's
-time at the table's sizes); ``fuse_rnn=True`` unrolls it anyway, warning once per call with the
-predicted slowdown. Cells and hand-written loops are always fused: the table shows the
-fused LSTMCell loop ahead of eager (benchmarks/results/gpu_h100_2026-11-26.md), and the
+when cuDNN is predicted faster; library_rnn then takes it (its default on CUDA without a
+budget), so it runs as one library call, once, as eager's, instead of AOTAutograd's
+per-step decomposition; under a memory budget recompute_rnn takes it instead and runs its
+forward again in the backward. ``fuse_rnn=True`` unrolls it anyway, warning once per call
+with the predicted slowdown. Cells and hand-written loops are always fused: the table shows
+the fused LSTMCell loop ahead of eager (benchmarks/results/gpu_h100_2026-11-26.md), and the
 model predicts the fusible form ahead of plain torch.compile's too. On other devices
 there is no library kernel to compare with (the CPU's RNN is not cuDNN), and the call is
 unrolled as before.

@@ -67,21 +67,22 @@ def test_auto_leaves_the_tables_lstm_to_cudnn_and_says_why(h100, codegen, slower
     assert "cuDNN predicted" in row and "cuDNN faster" in row
 
 
-def test_recompute_rnn_takes_the_call_cudnn_keeps(h100):
-    """Without a budget too: else AOTAutograd would decompose the call into per-step ops."""
+def test_library_rnn_takes_the_call_cudnn_keeps(h100):
+    """Without a budget too: else AOTAutograd would decompose the call into per-step ops.
+    The call runs once, as eager's (recompute_rnn's second forward only under a budget:
+    tests/passes/library_rnn)."""
     from fxopt.passes import get_pass
-    from fxopt.passes.recompute_rnn import recompute_rnn
+    from fxopt.passes.library_rnn import library_rnn
 
     module, x = _table_lstm()
     gm = _captured(module, x)
     _run(gm, "cuda", fuse_rnn="auto")
     ctx = PassContext(options=Options(fuse_rnn="auto"), stage=Stage.PRE_AUTOGRAD,
                       graph_kind=GraphKind.DYNAMO, graph_name="g0", device=torch.device("cuda"))
-    assert get_pass("recompute_rnn").decide(ctx)[0]
-    assert recompute_rnn(gm, ctx).modified
-    cpu = PassContext(options=Options(fuse_rnn="auto"), stage=Stage.PRE_AUTOGRAD,
-                      graph_kind=GraphKind.DYNAMO, graph_name="g0", device=torch.device("cpu"))
-    assert not get_pass("recompute_rnn").decide(cpu)[0]
+    assert get_pass("library_rnn").decide(ctx)[0]
+    assert not get_pass("recompute_rnn").decide(ctx)[0]
+    result = library_rnn(gm, ctx)
+    assert result.modified and result.verdicts.counts() == {"lstm": 1}
 
 
 def test_true_still_unrolls_it_warning_of_the_predicted_slowdown(h100):

@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 import torch
-import torch.nn.functional as F
+from models import RNNLanguageModel, rnn_tokens
 from torch import nn
 
 import fxopt
@@ -118,8 +118,8 @@ def test_op_returns_own_their_storage_whatever_the_library_returns(mode, monkeyp
     another return) on every path a device can take: the library call is replaced by one
     that returns aliases as cuDNN's backward does; the ops' returns are still fresh and
     equal to what the call computed."""
-    module = importlib.import_module("fxopt.kernels.recompute_rnn")
-    monkeypatch.setitem(module._LIBRARY_CALLS, mode, _aliasing_library_call)
+    module = importlib.import_module("fxopt.kernels.library_rnn_calls")
+    monkeypatch.setitem(module.LIBRARY_CALLS, mode, _aliasing_library_call)
     x = torch.randn(4, 3, 5)
     hx = [torch.randn(1, 3, 5) for _ in range(2 if mode == "lstm" else 1)]
     params = [torch.randn(20, 5), torch.randn(20, 5), torch.randn(20)]
@@ -135,27 +135,6 @@ def test_op_returns_own_their_storage_whatever_the_library_returns(mode, monkeyp
     assert all(torch.equal(r, e) for r, e in zip(results, expected, strict=True))
 
 
-class RNNLanguageModel(nn.Module):
-    """Embedding, a 2-layer batch-first ``nn.LSTM`` or ``nn.GRU``, a head, the LM loss."""
-
-    def __init__(self, mode: str, vocab: int = 29, hidden: int = 12, dropout: float = 0.0):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.rnn = (nn.LSTM if mode == "lstm" else nn.GRU)(hidden, hidden, 2, batch_first=True,
-                                                          dropout=dropout)
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        states, _ = self.rnn(self.embed(ids))
-        return F.cross_entropy(self.head(states).flatten(0, 1), labels.flatten())
-
-
-def _tokens() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(1)
-    return (torch.randint(0, 29, (3, 11), generator=generator),
-            torch.randint(0, 29, (3, 11), generator=generator))
-
-
 def _pass_verdicts(comparison):
     records = [r for r in comparison.passes if r.name == "recompute_rnn"]
     assert records, "recompute_rnn did not run"
@@ -164,7 +143,7 @@ def _pass_verdicts(comparison):
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_budget_recomputes_the_whole_call_with_eager_gradients(mode):
-    model, (ids, labels) = RNNLanguageModel(mode), _tokens()
+    model, (ids, labels) = RNNLanguageModel(mode), rnn_tokens()
     options = {"codegen": "fx", "memory_budget": 0.5, "strict": True}
     with _compat.dynamo_allow_rnn():
         # fp32 tolerance: the forward's inference kernel rounds its last bits differently
@@ -188,7 +167,7 @@ def test_budget_recomputes_the_whole_call_with_eager_gradients(mode):
 def test_dynamic_shapes_keep_the_call_and_the_module_s_states_as_inputs():
     """With symbolic batch and length the call is still replaced; the module's zero states,
     whose shapes would need a guard to compare, stay the op's inputs."""
-    model, (ids, labels) = RNNLanguageModel("gru"), _tokens()
+    model, (ids, labels) = RNNLanguageModel("gru"), rnn_tokens()
     with _compat.dynamo_allow_rnn():
         # fp32 tolerance: the forward's inference kernel rounds its last bits differently
         comparison = assert_same_as_eager(model, (ids, labels), {
@@ -203,7 +182,7 @@ def test_under_inductor_the_call_stays_the_library_s_and_nothing_else_is_recompu
     """The default code generator under a fraction: Inductor compiles the rest of the graph
     around the op; with the call's saves out of the graph, the rest fits its share with
     Inductor's own partition (no activation_memory_budget)."""
-    model, (ids, labels) = RNNLanguageModel("lstm"), _tokens()
+    model, (ids, labels) = RNNLanguageModel("lstm"), rnn_tokens()
     with _compat.dynamo_allow_rnn():
         # Inductor's fused head and loss round differently from eager's ops: fp32 tolerance
         comparison = assert_same_as_eager(model, (ids, labels), {
@@ -214,7 +193,7 @@ def test_under_inductor_the_call_stays_the_library_s_and_nothing_else_is_recompu
 
 
 def test_no_budget_leaves_the_call_alone():
-    model, (ids, labels) = RNNLanguageModel("lstm"), _tokens()
+    model, (ids, labels) = RNNLanguageModel("lstm"), rnn_tokens()
     with _compat.dynamo_allow_rnn():
         # eager runs oneDNN's fused LSTM, the graph AOTAutograd's per-step decomposition
         # (the gate GEMMs summed in another order): equal to fp32 rounding, not bitwise
@@ -224,7 +203,7 @@ def test_no_budget_leaves_the_call_alone():
 
 
 def test_inter_layer_dropout_while_training_is_declined():
-    model, (ids, labels) = RNNLanguageModel("lstm", dropout=0.25), _tokens()
+    model, (ids, labels) = RNNLanguageModel("lstm", dropout=0.25), rnn_tokens()
     backend = fxopt.backend(codegen="fx", memory_budget=0.5)
     with _compat.dynamo_allow_rnn():
         torch.compile(model, backend=backend)(ids, labels).backward()
@@ -241,7 +220,7 @@ def test_fraction_base_keeps_a_lower_bound_of_the_calls_plain_bytes(mode):
     ``strict``, the rest of the graph fits 0.5 as it is (taken of the graph alone, without
     the call's saves, 0.5 would recompute part of it) and the step keeps at most 0.5 of
     eager's bytes."""
-    model, (ids, labels) = RNNLanguageModel(mode), _tokens()
+    model, (ids, labels) = RNNLanguageModel(mode), rnn_tokens()
     backend = fxopt.backend(codegen="fx", memory_budget=0.5, strict=True)
     params = list(model.parameters())
     with _compat.dynamo_allow_rnn():
