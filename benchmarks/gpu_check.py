@@ -211,7 +211,11 @@ class Check:
                   batch: int | None = None, optimizer: Callable[[Any, Any], Any] | None = None
                   ) -> tuple[Callable[[], torch.Tensor], tuple[Any, torch.Tensor]]:
         """One GPT-2 training step (returns its loss), and the model ``prepare`` made with
-        the input ids it runs on."""
+        the input ids it runs on. With an ``optimizer``, one forward and backward run before
+        it is made, as fxopt's README has users do: the offload plan reads the gradient
+        order and the backward's length that compilation records (made before, it has
+        neither and cannot say whether the host keeps up); the row's compile time then
+        leaves that compilation out."""
         s = self.sizes
         torch.manual_seed(0)
         with torch.device(self.device):
@@ -220,7 +224,12 @@ class Check:
         compiled = prepare(model)
         ids = torch.randint(0, s.gpt2["vocab"], (batch or s.gpt2_batch, s.gpt2_seq),
                             device=self.device)
-        opt = optimizer(model, compiled) if optimizer is not None else None
+        opt = None
+        if optimizer is not None:
+            with self.autocast():
+                compiled(input_ids=ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)
+            opt = optimizer(model, compiled)
 
         def step() -> torch.Tensor:
             with self.autocast():
@@ -326,12 +335,14 @@ class Check:
 
     # ---- the offloaded optimizer ---------------------------------------------------
 
-    def optim_case(self, cpu_fraction: float | None,
+    def optim_case(self, cpu_fraction: float | None, state_share: float | None = None,
                    **offload_options: Any) -> Callable[[Row], None]:
-        """AdamW on the device (``cpu_fraction`` None) or offloaded with ``cpu_fraction``
-        and ``offload_options`` (``fxopt.optim.offload``'s: subgroups, staged)."""
+        """AdamW on the device (``cpu_fraction`` and ``state_share`` None) or offloaded with
+        ``cpu_fraction``, or with a device budget of ``state_share`` times AdamW's state
+        (the plan's own choice), and ``offload_options`` (``fxopt.optim.offload``'s:
+        subgroups, staged)."""
         def run(row: Row) -> None:
-            if cpu_fraction is None:
+            if cpu_fraction is None and state_share is None:
                 backend = self.fxopt() if self.tiny else None
 
                 def adamw(model: Any, compiled: Any) -> Any:
@@ -340,9 +351,12 @@ class Check:
                 backend = self.fxopt(offload_optimizer=True)
 
                 def adamw(model: Any, compiled: Any) -> Any:
+                    state = 8 * sum(p.numel() for p in model.parameters())  # AdamW's fp32
+                    budget = None if state_share is None else int(state_share * state)
                     offloaded = fxopt.optim.offload(
                         torch.optim.AdamW(model.parameters(), lr=1e-4), backend,
-                        model=compiled, cpu_fraction=cpu_fraction, **offload_options)
+                        model=compiled, cpu_fraction=cpu_fraction,
+                        gpu_state_budget_bytes=budget, **offload_options)
                     made.append(offloaded)
                     return offloaded
 
@@ -415,6 +429,10 @@ class Check:
             loop.insert(1, Case("loop", "torch.compile (Inductor)",
                                 self.rnn_case("loop", torch.compile), 90))
         optim = [Case("optim", "AdamW on the device", self.optim_case(None), 90),
+                 # issue 30.3's bar: at the plan's own choice, <= 1.3 x the device step
+                 # where the host keeps up (the plan's note says whether it does)
+                 Case("optim", "offloaded, device state budget 0.5 x AdamW's (the plan's "
+                      "choice)", self.optim_case(None, state_share=0.5), 90),
                  Case("optim", "offloaded, cpu_fraction=0.5", self.optim_case(0.5), 90),
                  Case("optim", "offloaded, cpu_fraction=1.0", self.optim_case(1.0), 90),
                  # the plan's own staging choice (Deep Optimizer States' staged device
@@ -449,7 +467,9 @@ class Check:
             "gpt2", "fxopt fuse_linear_cross_entropy=True, 2 chunks, logging break ignored",
             self.gpt2_fxopt(context=lambda: _loss_chunks(2, unbroken()),
                             fuse_linear_cross_entropy=True), 90))
-        later = [Case("gpt2", "fxopt tempo=True", self.gpt2_fxopt(tempo=True), 90),
+        # issue 29.2: tempo cost 31% of the step on the H200 (20.7 against 15.8 ms); its
+        # longest kernels against the defaults' say where
+        later = [Case("gpt2", "fxopt tempo=True", self.gpt2_fxopt(sites=True, tempo=True), 90),
                  Case("gpt2", "fxopt memory_budget=0.5, not strict",
                       self.gpt2_fxopt(memory_budget=0.5, strict=False), 90),
                  Case("gpt2", "fxopt byte budget (must swap)", self.byte_budget, 90),
