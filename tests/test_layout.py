@@ -228,3 +228,22 @@ def test_the_cuda_device_check_sees_each_spelling():
               "    torch.cuda.reset_peak_memory_stats(d)\n"
               "    torch.cuda.set_per_process_memory_fraction(1.0, 0)\n")
     assert [line.split(":")[0] for line in unindexed_cuda_devices(source)] == ["2", "3", "4"]
+
+
+def test_every_fxopt_op_the_package_names_is_registered_by_its_passes():
+    """A pass that puts ``torch.ops.fxopt.<op>`` in a graph must import the kernel module
+    that registers the op: in a fresh interpreter, once the pass registry is imported,
+    every op the package names resolves (the tests' own imports of kernel modules would
+    hide a missing one, as they hid recompute_rnn's until a benchmark ran the pass)."""
+    import re
+    import subprocess
+    import sys
+
+    names = sorted({name for path in PACKAGE.rglob("*.py")
+                    for name in re.findall(r"torch\.ops\.fxopt\.(\w+)", path.read_text())})
+    assert "recompute_rnn" in names and "library_rnn" in names
+    check = ("import torch, fxopt.passes; missing = [n for n in %r "
+             "if not hasattr(torch.ops.fxopt, n)]; print(missing); assert not missing" % names)
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]

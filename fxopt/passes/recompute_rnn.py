@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+import fxopt.kernels.recompute_rnn  # noqa: F401  (registers the ops)
 from fxopt import _compat
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
 from fxopt.passes.torch_calls import RnnCall, example_tensor
