@@ -69,7 +69,12 @@ def _biased(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 def lstm_forward_reference(a, b, c, bias_a, bias_b, order):
     """(h, c_new, gates): the reference of the forward kernel, in fp32 math."""
     hidden = c.shape[-1]
-    pre = _biased(a, bias_a) + _biased(b, bias_b)
+    # the projections first: in fp32, Inductor then folds the sum into the recurrent GEMM
+    # (addmm, the hoisted projection's step its C operand), so the step's generated kernel
+    # reads no step-dependent offset and one kernel serves every step (one compile, not one
+    # per step: tests/passes/fuse_rnn/test_fuse_rnn_inductor.py)
+    pre = _biased(b.float() + a.float(), bias_a)
+    pre = pre if bias_b is None else pre + bias_b.float()
     i, f, g, o = (_gate(pre, order, k, hidden) for k in range(4))
     i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
     c_new = f * c.float() + i * g
