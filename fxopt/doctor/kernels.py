@@ -1,6 +1,7 @@
 """``fxopt doctor``'s kernel checks: every Triton kernel family through its pass against
-eager (without TF32), a training step's host syncs, and the ahead-of-time compile of
-representative kernels for sm_80/sm_90 where there is no GPU."""
+eager (without TF32), and the library's RNN call that library_rnn keeps (cuDNN on CUDA), a
+training step's host syncs, and the ahead-of-time compile of representative kernels for
+sm_80/sm_90 where there is no GPU."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ def check_kernels(device: torch.device) -> dict[str, Any]:
              ("fuse_rnn", "GRU", lambda: _LSTMModel(cell=nn.GRU), tokens, torch.float32, {},
               {}),
              ("fuse_rnn", "GRU", lambda: _LSTMModel(cell=nn.GRU), tokens, torch.float32,
-              {}, fx)]
+              {}, fx),
+             # the library's whole call run once (CUDA's default for a traced nn.LSTM)
+             ("library_rnn", "LSTM library call", _LSTMModel, tokens, torch.float32, {}, {})]
     if triton_runs_on(device):  # the generated kernels need Triton (or its interpreter)
         cases += [("fuse_elementwise", "pointwise chain", lambda: _pointwise_chain,
                    chain_inputs, dtype, rounded, {})

@@ -182,11 +182,15 @@ def test_inductors_buffer_reuse_never_reaches_what_the_kept_graph_reads(nothing_
     gradient) and without the outputs passed to the backward (a wrong bias gradient)."""
     model, (ids, labels) = _ReusingModel(), rnn_tokens()
     with _compat.dynamo_allow_rnn():
-        comparison, (forward, *_) = run_and_get_code(
+        comparison, (forward, backward) = run_and_get_code(
             assert_same_as_eager, model, (ids.T, labels.T),
             {"codegen": "inductor", "library_rnn": True})
     assert comparison.fired("library_rnn")
     assert "= buf0; del buf0  # reuse" in forward  # the sequence's buffer, reused
+    # the library's call runs once: the partition recomputes nothing of it in the backward
+    assert forward.count("fxopt.library_rnn.default(") == 1
+    assert "fxopt.library_rnn.default(" not in backward
+    assert backward.count("fxopt.library_rnn_backward.default(") == 1
 
 
 def test_a_second_backward_through_one_forward_names_the_fix(nothing_left_kept):
