@@ -185,7 +185,10 @@ def _measure(op: Any, args_spec: tuple, kwargs_spec: tuple) -> _Measured:
                 peak = tracker.peak_bytes - tracker.baseline_bytes
                 live = tracker.current_bytes - tracker.baseline_bytes
             del out
-    measured = _Measured(workspace=max(0, peak - outputs), held=max(0, live - outputs))
+    # a holding op's held bytes are live from its return on (on its handle): not counted
+    # again as the call's own temporaries
+    held = max(0, live - outputs) if op.name() in HOLDING_OPS else 0
+    measured = _Measured(workspace=max(0, peak - outputs - held), held=held)
     log.debug("workspace of %s: %s", op, measured)
     return measured
 

@@ -80,8 +80,10 @@ def replace_whole_rnns(gm: fx.GraphModule, op: Callable[..., object], pass_name:
                        replays: bool, allow: Callable[[], bool] = lambda: True,
                        saved_bytes: Callable[[RnnCall], int] = lambda call: 0) -> Verdicts:
     """Replace each ``torch.lstm`` / ``torch.gru`` call of ``gm`` that ``allow`` accepts by
-    ``op``, called with ``arguments(call, states)`` (``states``: the call's initial states,
-    or none where they are the module's zeros, which the op makes itself); ``op`` returns
+    ``op``, called with ``arguments(call, states, grad)`` (``states``: the call's initial
+    states, or none where they are the module's zeros, which the op makes itself; ``grad``:
+    whether a gradient flows through the call, read from its outputs' example values);
+    ``op`` returns
     the call's ``[output, h_n(, c_n)]`` first. ``replays``: whether the op runs the call
     again in the backward. The verdicts: per mode the calls replaced and
     ``saved_bytes(call)``, the bytes each takes out of the step; per call left its reason."""
