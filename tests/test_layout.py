@@ -242,8 +242,8 @@ def test_every_fxopt_op_the_package_names_is_registered_by_its_passes():
     names = sorted({name for path in PACKAGE.rglob("*.py")
                     for name in re.findall(r"torch\.ops\.fxopt\.(\w+)", path.read_text())})
     assert "recompute_rnn" in names and "library_rnn" in names
-    check = ("import torch, fxopt.passes; missing = [n for n in %r "
-             "if not hasattr(torch.ops.fxopt, n)]; print(missing); assert not missing" % names)
+    check = (f"import torch, fxopt.passes; missing = [n for n in {names!r} "
+             "if not hasattr(torch.ops.fxopt, n)]; print(missing); assert not missing")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                           cwd=PACKAGE.parent, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
