@@ -305,7 +305,11 @@ class Check:
     # ---- RNNs ------------------------------------------------------------------------
 
     def rnn_case(self, section: str, prepare: Callable[[torch.nn.Module], Any],
-                 backend: fxopt.Backend | None = None) -> Callable[[Row], None]:
+                 backend: fxopt.Backend | None = None,
+                 form: str | None = None) -> Callable[[Row], None]:
+        """The section's RNN model as ``prepare`` makes it; ``form``: the cost model's form
+        of what runs (``fxopt.planner.forms``' lstm_lm_work / cell_loop_work), whose
+        predicted step on the device's profile the row notes (issue 30.2's check)."""
         s = self.sizes
 
         def run(row: Row) -> None:
@@ -325,12 +329,30 @@ class Check:
                 return loss.detach()
 
             self.measure(row, step, (backend,) if backend else ())
+            if form is not None:
+                row.notes.append(self.rnn_prediction(section, form))
         return run
 
-    def rnn_compiled(self, section: str, **options: Any) -> Callable[[Row], None]:
+    def rnn_prediction(self, section: str, form: str) -> str:
+        from fxopt.planner import forms, profile_for
+
+        s, hw = self.sizes, profile_for(self.device)
+        if section == "lstm":
+            sizes = {k: s.lstm[k] for k in ("vocab", "embed", "hidden", "layers")}
+            work = forms.lstm_lm_work(**sizes, batch=s.rnn_batch, steps=s.lstm_seq, form=form,
+                                      hw=hw)
+        else:
+            sizes = {k: s.loop[k] for k in ("vocab", "embed", "hidden")}
+            work = forms.cell_loop_work(**sizes, batch=s.rnn_batch, steps=s.loop_steps,
+                                        form=form, hw=hw)
+        return f"predicted {forms.predict(work, hw).ms:.2f} ms ({hw.name} profile, {form})"
+
+    def rnn_compiled(self, section: str, form: str | None = None,
+                     **options: Any) -> Callable[[Row], None]:
         def run(row: Row) -> None:
             backend = self.fxopt(**options)
-            self.rnn_case(section, lambda m: torch.compile(m, backend=backend), backend)(row)
+            self.rnn_case(section, lambda m: torch.compile(m, backend=backend), backend,
+                          form)(row)
         return run
 
     # ---- the offloaded optimizer ---------------------------------------------------
@@ -417,17 +439,18 @@ class Check:
                           self.gpt2_case(torch.compile, sites=True), 90))
         g.append(Case("gpt2", "fxopt defaults (auto: Inductor)", self.gpt2_fxopt(sites=True),
                       90))
-        lstm = [Case("lstm", "eager (cuDNN)", self.rnn_case("lstm", lambda m: m), 30),
+        lstm = [Case("lstm", "eager (cuDNN)",
+                     self.rnn_case("lstm", lambda m: m, form="cudnn"), 30),
                 Case("lstm", 'fxopt fuse_rnn="auto" (cost model)',
-                     self.rnn_compiled("lstm", fuse_rnn="auto"), 90),
+                     self.rnn_compiled("lstm", "library", fuse_rnn="auto"), 90),
                 Case("lstm", "fxopt fuse_rnn=True (auto: Inductor, fusible cells)",
-                     self.rnn_compiled("lstm", fuse_rnn=True), 100)]
-        loop = [Case("loop", "eager", self.rnn_case("loop", lambda m: m), 30),
+                     self.rnn_compiled("lstm", "fusible", fuse_rnn=True), 100)]
+        loop = [Case("loop", "eager", self.rnn_case("loop", lambda m: m, form="eager"), 30),
                 Case("loop", "fxopt fuse_rnn=True (auto: Inductor, fusible cells)",
-                     self.rnn_compiled("loop", fuse_rnn=True), 90)]
+                     self.rnn_compiled("loop", "fusible", fuse_rnn=True), 90)]
         if inductor_peer:  # what a user picks instead (issue 30.2's fusible-cell prediction)
             loop.insert(1, Case("loop", "torch.compile (Inductor)",
-                                self.rnn_case("loop", torch.compile), 90))
+                                self.rnn_case("loop", torch.compile, form="plain"), 90))
         optim = [Case("optim", "AdamW on the device", self.optim_case(None), 90),
                  # issue 30.3's bar: at the plan's own choice, <= 1.3 x the device step
                  # where the host keeps up (the plan's note says whether it does)

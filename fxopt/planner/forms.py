@@ -217,8 +217,11 @@ def _lm_rest(vocab: int, embed: int, hidden: int, tokens: int, eager: bool) -> W
 def lstm_lm_work(vocab: int, embed: int, hidden: int, layers: int, batch: int, steps: int,
                  form: str, hw: HardwareProfile) -> Work:
     """The GPU table's nn.LSTM LM: Embedding -> nn.LSTM -> Linear -> cross-entropy, fp32;
-    ``form`` "cudnn" (eager) or "fused" (fuse_rnn under Inductor)."""
-    work = rnn_call_work("lstm", batch, steps, embed, hidden, layers, 1, form, hw)
+    ``form`` "cudnn" (eager), "library" (cuDNN's call, run once by library_rnn, inside a
+    compiled model) or a form of :func:`rnn_call_work` that fuse_rnn unrolls the call into
+    ("fused", "fusible": the rest compiled too)."""
+    call = "cudnn" if form == "library" else form
+    work = rnn_call_work("lstm", batch, steps, embed, hidden, layers, 1, call, hw)
     work += _lm_rest(vocab, embed, hidden, batch * steps, eager=form == "cudnn")
     return work
 
