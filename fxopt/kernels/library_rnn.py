@@ -71,11 +71,6 @@ def kept_calls() -> int:
     return len(_kept)
 
 
-def _leaf(t: torch.Tensor, copy: bool) -> torch.Tensor:
-    leaf = t.detach().clone() if copy else t.detach()
-    return leaf.requires_grad_(t.is_floating_point())
-
-
 @torch.library.custom_op("fxopt::library_rnn", mutates_args=())
 def library_rnn(x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor],
                 mode: str, has_biases: bool, num_layers: int, dropout: float, train: bool,
@@ -85,17 +80,14 @@ def library_rnn(x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tens
     (no gradient flows through the call: an inference graph) runs the library's inference
     kernel and keeps nothing; its handle names no graph."""
     if not keep:
-        with torch.no_grad():
-            outputs = library_rnn_calls.call(mode, x, hx, params, has_biases, num_layers,
-                                             dropout, train, bidirectional, batch_first)
-        return [*library_rnn_calls.owning(list(outputs), [x, *hx, *params]),
-                torch.tensor(_NO_GRAPH, dtype=torch.int64)]
-    leaves = [_leaf(x, True), *(_leaf(h, True) for h in hx), *(_leaf(p, False) for p in params)]
-    x_leaf, hx_leaves, param_leaves = leaves[0], leaves[1:1 + len(hx)], leaves[1 + len(hx):]
+        outputs = library_rnn_calls.inference_call(mode, x, hx, params, has_biases,
+                                                   num_layers, dropout, train, bidirectional,
+                                                   batch_first)
+        return [*outputs, torch.tensor(_NO_GRAPH, dtype=torch.int64)]
     with torch.enable_grad(), _compat.autograd_dispatch_restored():
-        outputs = list(library_rnn_calls.call(
-            mode, x_leaf, hx_leaves, param_leaves, has_biases, num_layers, dropout, train,
-            bidirectional, batch_first))
+        leaves, outputs = library_rnn_calls.call_on_leaves(
+            mode, x, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+            batch_first, copy_inputs=True)
     key = next(_keys)
     _kept[key] = _KeptCall(leaves, outputs)
     handle = torch.tensor(key, dtype=torch.int64)
@@ -130,11 +122,8 @@ def library_rnn_backward(handle: torch.Tensor, kept: list[torch.Tensor],
             "backward through the same forward (retain_graph=True). fxopt keeps one "
             "library graph per forward, as eager's cuDNN call does; to differentiate a step "
             "twice, compile with fuse_rnn=True (the call unrolled) or run the RNN eagerly")
-    wanted = [leaf for leaf in call.leaves if leaf.requires_grad]
     with torch.enable_grad(), _compat.autograd_dispatch_restored():
-        found = iter(torch.autograd.grad(call.outputs, wanted, grads, allow_unused=True))
-    results = [torch.zeros_like(leaf) if not leaf.requires_grad or (g := next(found)) is None
-               else g.contiguous() for leaf in call.leaves]  # the fake's layout
+        results = library_rnn_calls.leaf_gradients(call.leaves, call.outputs, grads)
     # cuDNN's weight gradients are views of one flat buffer: owning copies them
     return library_rnn_calls.owning(results, [*kept, *grads])
 
@@ -152,16 +141,14 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(handle, *outputs)
     shapes = [t.shape for t in (x, *hx, *params)]
     ctx.sizes, ctx.ranks = [d for s in shapes for d in s], [len(s) for s in shapes]
-    ctx.counts, ctx.argument_count = (len(hx), len(params)), len(inputs) - 3
-    ctx.output_shapes = [(out.shape, out.dtype, out.device) for out in outputs]
+    ctx.hx_count, ctx.argument_count = len(hx), len(inputs) - 3
 
 
 def _backward(ctx, grads):
     handle, *outputs = ctx.saved_tensors
-    grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-             for g, (shape, dtype, device) in zip(grads, ctx.output_shapes)]
+    grads = [torch.zeros_like(out) if g is None else g for g, out in zip(grads, outputs)]
     result = library_rnn_backward(handle, outputs, grads, ctx.sizes, ctx.ranks)
-    n_hx, _ = ctx.counts
+    n_hx = ctx.hx_count
     return (result[0], result[1:1 + n_hx], result[1 + n_hx:], *([None] * ctx.argument_count))
 
 

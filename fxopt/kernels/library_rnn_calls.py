@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LIBRARY_CALLS", "call", "fake_outputs", "owning", "zero_state_shapes"]
+__all__ = ["LIBRARY_CALLS", "call", "call_on_leaves", "fake_outputs", "inference_call",
+           "leaf_gradients", "owning", "zero_state_shapes"]
 
 LIBRARY_CALLS = {"lstm": torch.lstm, "gru": torch.gru}
 
@@ -48,6 +49,51 @@ def call(mode: str, x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.
         x, params, mode, num_layers, bidirectional, batch_first)]
     return LIBRARY_CALLS[mode](x, states if mode == "lstm" else states[0], params, has_biases,
                               num_layers, dropout, train, bidirectional, batch_first)
+
+
+def inference_call(mode: str, x: torch.Tensor, hx: list[torch.Tensor],
+                   params: list[torch.Tensor], has_biases: bool, num_layers: int,
+                   dropout: float, train: bool, bidirectional: bool, batch_first: bool
+                   ) -> list[torch.Tensor]:
+    """:func:`call` under ``no_grad`` (the library's inference kernel, which allocates no
+    workspace), its output in :func:`fake_outputs`' layout and its returns owning their
+    storage (:func:`owning`)."""
+    with torch.no_grad():
+        output, *states = call(mode, x, hx, params, has_biases, num_layers, dropout, train,
+                               bidirectional, batch_first)
+    if batch_first and not output.transpose(0, 1).is_contiguous():
+        output = output.transpose(0, 1).contiguous().transpose(0, 1)  # the fakes' layout
+    return owning([output, *states], [x, *hx, *params])
+
+
+def call_on_leaves(mode: str, x: torch.Tensor, hx: list[torch.Tensor],
+                   params: list[torch.Tensor], has_biases: bool, num_layers: int,
+                   dropout: float, train: bool, bidirectional: bool, batch_first: bool, *,
+                   copy_inputs: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """:func:`call` on detached leaves that require grad (the floating-point ones):
+    ``([x, *hx, *params]`` as leaves, the outputs). ``copy_inputs``: the sequence's and the
+    states' leaves are copies (the weights' never are). The caller sets the grad mode (an
+    op's kernel also needs :func:`fxopt._compat.autograd_dispatch_restored`)."""
+    def leaf(t: torch.Tensor, copy: bool) -> torch.Tensor:
+        return (t.detach().clone() if copy else t.detach()).requires_grad_(
+            t.is_floating_point())
+
+    leaves = [leaf(t, copy_inputs) for t in (x, *hx)] + [leaf(p, False) for p in params]
+    x_leaf, hx_leaves, param_leaves = leaves[0], leaves[1:1 + len(hx)], leaves[1 + len(hx):]
+    outputs = call(mode, x_leaf, hx_leaves, param_leaves, has_biases, num_layers, dropout,
+                   train, bidirectional, batch_first)
+    return leaves, list(outputs)
+
+
+def leaf_gradients(leaves: list[torch.Tensor], outputs: list[torch.Tensor],
+                   grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradient of every leaf of :func:`call_on_leaves` given ``grads`` of its
+    ``outputs``: zeros where a leaf does not require grad or is unused, contiguous (the ops'
+    fakes' layout). Run under the grad mode the call was recorded in."""
+    wanted = [leaf for leaf in leaves if leaf.requires_grad]
+    found = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
+    return [torch.zeros_like(leaf) if not leaf.requires_grad or (g := next(found)) is None
+            else g.contiguous() for leaf in leaves]
 
 
 def fake_outputs(x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor],

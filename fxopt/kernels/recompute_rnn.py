@@ -40,30 +40,13 @@ def _private_saves() -> torch.autograd.graph.saved_tensors_hooks:
     return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
 
 
-def _run(mode: str, x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor],
-         has_biases: bool, num_layers: int, bidirectional: bool, batch_first: bool
-         ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The library call under autograd on detached leaves: (leaves, outputs). No ``hx``:
-    zero initial states, made here as the module makes them (not leaves)."""
-    leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in (x, *hx, *params)]
-    x_leaf, hx_leaves, param_leaves = leaves[0], leaves[1:1 + len(hx)], leaves[1 + len(hx):]
-    outputs = library_rnn_calls.call(mode, x_leaf, hx_leaves, param_leaves, has_biases,
-                                     num_layers, 0.0, True, bidirectional, batch_first)
-    return leaves, list(outputs)
-
-
 @torch.library.custom_op("fxopt::recompute_rnn", mutates_args=())
 def recompute_rnn(x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor],
                   mode: str, has_biases: bool, num_layers: int, bidirectional: bool,
                   batch_first: bool) -> list[torch.Tensor]:
     """``torch.lstm`` / ``torch.gru`` (``mode``) whose backward recomputes it."""
-    with torch.no_grad():  # the inference kernel (module doc)
-        output, *states = library_rnn_calls.call(mode, x, hx, params, has_biases,
-                                                 num_layers, 0.0, True, bidirectional,
-                                                 batch_first)
-    if batch_first and not output.transpose(0, 1).is_contiguous():
-        output = output.transpose(0, 1).contiguous().transpose(0, 1)  # the fake's layout
-    return library_rnn_calls.owning([output, *states], [x, *hx, *params])
+    return library_rnn_calls.inference_call(mode, x, hx, params, has_biases, num_layers,
+                                            0.0, True, bidirectional, batch_first)
 
 
 @recompute_rnn.register_fake
@@ -80,12 +63,10 @@ def recompute_rnn_backward(x: torch.Tensor, hx: list[torch.Tensor],
     """The gradients of ``[x, *hx, *params]`` given those of ``[output, h_n(, c_n)]``: the
     call run again under autograd, then differentiated."""
     with torch.enable_grad(), _compat.autograd_dispatch_restored(), _private_saves():
-        leaves, outputs = _run(mode, x, hx, params, has_biases, num_layers, bidirectional,
-                               batch_first)
-        wanted = [leaf for leaf in leaves if leaf.requires_grad]
-        found = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
-    results = [torch.zeros_like(leaf) if not leaf.requires_grad or (g := next(found)) is None
-               else g.contiguous() for leaf in leaves]  # the fake's layout
+        leaves, outputs = library_rnn_calls.call_on_leaves(
+            mode, x, hx, params, has_biases, num_layers, 0.0, True, bidirectional,
+            batch_first, copy_inputs=False)
+        results = library_rnn_calls.leaf_gradients(leaves, outputs, grads)
     return library_rnn_calls.owning(results, [x, *hx, *params, *grads])
 
 
