@@ -197,9 +197,7 @@ class Check:
         ref = self.eager_loss.get(row.section)
         row.loss_text = (f"{row.loss:.4f}" if ref is None or row.name == reference
                          else f"{row.loss:.4f} ({row.loss - ref:+.1e})")
-        fired = _fired(backends)
-        if fired:
-            row.notes.append("fired: " + ", ".join(fired))
+        _note_fired(row, backends)
         kernels = _profiled(counted, device)
         row.notes.append(device_busy(kernels, device, taken.median_ms))
         if top:
@@ -281,9 +279,7 @@ class Check:
         row.notes += [f"torch.compile in the same rounds: {plain.text()}",
                       f"fxopt / torch.compile per round: median "
                       f"{ratios[len(ratios) // 2]:.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})"]
-        fired = _fired((backend,))
-        if fired:
-            row.notes.append("fired: " + ", ".join(fired))
+        _note_fired(row, (backend,))
 
     def gpt2_fxopt(self, context: Callable[[], Any] = contextlib.nullcontext,
                    sites: bool = False, **options: Any) -> Callable[[Row], None]:
@@ -633,6 +629,13 @@ def _fired(backends: tuple[fxopt.Backend, ...]) -> list[str]:
                 fired[record.name] = fired.get(record.name, 0) + swaps
     return [f"{name} ({swaps} swaps)" if name == "swap_recompute" else name
             for name, swaps in fired.items()]
+
+
+def _note_fired(row: Row, backends: tuple[fxopt.Backend, ...]) -> None:
+    """Note on ``row`` the passes that fired (none: no note)."""
+    fired = _fired(backends)
+    if fired:
+        row.notes.append("fired: " + ", ".join(fired))
 
 
 # ---- the file ------------------------------------------------------------------------

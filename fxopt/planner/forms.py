@@ -181,16 +181,20 @@ def rnn_call_work(mode: str, batch: int, steps: int, input_size: int, hidden: in
     cell = cell_bytes / hw.memory_bandwidth
     # a weight's gradient per step, written and accumulated
     accumulate = hidden * gates * itemsize * 3 / hw.memory_bandwidth
-    if form == "plain":  # the input projection per step too, both ways, its weight's
-        for size in inputs:  # gradient accumulated per step
+    if form == "plain":
+        # the input projection per step too, both ways, its weight's gradient accumulated
+        # per step
+        for size in inputs:
             projection = _skinny_gemm_seconds(batch, size, gates, itemsize, precision, hw)
             weight = size * gates * itemsize * 3 / hw.memory_bandwidth
             work.chain += [(2 * steps * directions, projection),
                            (steps * directions, max(projection, weight))]
-    else:  # whole-sequence GEMMs: the input projection forward, its input and weight
-        work.gemm_flops[precision] = float(  # gradients
+    else:
+        # whole-sequence GEMMs: the input projection forward, its input and weight gradients
+        work.gemm_flops[precision] = float(
             sum(3 * 2 * tokens * size * gates * directions for size in inputs))
-    if form == "cudnn":  # the recurrent weight's gradient as one GEMM (else per step, below)
+    if form == "cudnn":
+        # the recurrent weight's gradient as one GEMM (else per step, below)
         work.gemm_flops[precision] += 2 * tokens * hidden * gates * sequences
         work.chain += [(2 * step_count, recurrent), (2 * step_count, cell)]
         work.launches["compiled"] = 4 * step_count
