@@ -40,6 +40,7 @@ import types
 import torch
 from torch import nn
 
+import fxopt
 from fxopt.bench.timing import interleaved
 from fxopt.graph_breaks import ignore_transformers_logging
 from fxopt.kernels import fuse_linear_cross_entropy as kernel
@@ -129,15 +130,16 @@ def main() -> None:
         return exp_times(args.threads)
     ids = torch.randint(0, 32000, (args.batch, args.seq),
                         generator=torch.Generator().manual_seed(1))
-    steps = {}
+    steps, backends = {}, {}
     with ignore_transformers_logging():
         for config in args.configs:
             model = build(args.model, args.seq)
             with torch.no_grad():
                 model.get_output_embeddings().weight.mul_(args.logit_scale)
             module = loss_module(config, model)
-            backend = CONFIGS[_base(config)]
-            fn = module if backend is None else torch.compile(module, backend=backend())
+            make = CONFIGS[_base(config)]
+            backends[config] = None if make is None else make()
+            fn = module if make is None else torch.compile(module, backend=backends[config])
             steps[config] = functools.partial(_step, config, module, fn, ids)
         # the first call of each compiles (untimed), then one warm-up step each
         times = interleaved(steps, "cpu", warmup=1, rounds=args.steps)
@@ -145,12 +147,23 @@ def main() -> None:
     print(f"# {args.model}, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), "
           f"logit scale {args.logit_scale:g}, {args.steps} interleaved steps, "
           f"torch {torch.__version__}")
-    print("| model | configuration | ms median (min-max) | / eager | / inductor |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| model | configuration | ms median (min-max) | / eager | / inductor | "
+          "fused loss fired |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for config, timing in times.items():
         ratios = [f"{median[config] / median[base]:.2f}" if base in median else "-"
                   for base in ("eager", "inductor")]
-        print(f"| {args.model} | {config} | {timing.text(0)} | {ratios[0]} | {ratios[1]} |")
+        print(f"| {args.model} | {config} | {timing.text(0)} | {ratios[0]} | {ratios[1]} | "
+              f"{_fired(backends[config])} |")
+
+
+def _fired(backend) -> str:
+    """Whether fuse_linear_cross_entropy changed a graph of ``backend`` ("-": not fxopt's;
+    a loss behind a graph break is declined, not failed, so strict does not say it)."""
+    if not isinstance(backend, fxopt.Backend):
+        return "-"
+    return "yes" if any(r.fired for g in backend.graphs for r in g.passes
+                        if r.name == "fuse_linear_cross_entropy") else "no"
 
 
 def _step(config: str, module: nn.Module, fn, ids: torch.Tensor) -> None:

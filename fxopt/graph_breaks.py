@@ -11,6 +11,8 @@ not log while Dynamo traces them; outside compiled code they log as before).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 from typing import Any
 
@@ -22,8 +24,15 @@ _WRAPPERS = ("warning_once", "warning_advice", "info_once")
 
 
 def transformers_logging_functions() -> set[Any]:
-    """The logger wrappers transformers has patched onto ``logging.Logger`` (empty when
-    transformers is not imported: it patches them at import)."""
+    """The logger wrappers transformers patches onto ``logging.Logger`` when its logging
+    module is imported; that module is imported here if transformers is installed and has
+    not been yet (a script that builds its model inside ``ignore_transformers_logging``
+    imports it too late: benchmarks/fuse_linear_cross_entropy_step.py's GPT-2 kept its
+    break that way, and measured no fused loss). Empty when transformers is not
+    installed."""
+    if not all(hasattr(logging.Logger, name) for name in _WRAPPERS) \
+            and importlib.util.find_spec("transformers") is not None:
+        importlib.import_module("transformers.utils.logging")
     return {getattr(logging.Logger, name) for name in _WRAPPERS
             if hasattr(logging.Logger, name)}
 
@@ -35,6 +44,5 @@ def ignore_transformers_logging() -> Any:
 
         with fxopt.ignore_transformers_logging():
             loss = compiled(input_ids, labels=labels).loss
-
-    Import transformers first: its wrappers exist only once it is imported."""
+    """
     return _compat.dynamo_ignoring_functions(transformers_logging_functions())

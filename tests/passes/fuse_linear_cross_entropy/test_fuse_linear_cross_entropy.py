@@ -332,3 +332,19 @@ def test_gpt2_logging_break_splits_head_and_loss_without_the_helper():
     comparison = assert_same_as_eager(_LossOnly(_gpt2()), (ids, ids), ON)
     assert len(comparison.graphs) == 2
     assert not comparison.fired(PASS)
+
+
+def test_the_helper_finds_transformers_logging_before_transformers_is_imported():
+    """A script that builds its model inside the helper imports transformers there: the
+    helper imports transformers' logging module itself (else it ignored nothing, and
+    GPT-2's head and loss stayed two graphs). In a fresh interpreter; fails without it."""
+    import subprocess
+    import sys
+
+    check = ("import logging, fxopt\n"
+             "assert not hasattr(logging.Logger, 'warning_once'), 'imported before'\n"
+             "from fxopt.graph_breaks import transformers_logging_functions\n"
+             "assert len(transformers_logging_functions()) == 3\n")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
