@@ -506,11 +506,13 @@ class Check:
             loss.insert(0, Case("gpt2", "torch.compile (Inductor), logging break ignored",
                                  self.gpt2_case(torch.compile, context=unbroken), 90))
         # the fused loss's chunk trade (W's fp32 gradient read and written per chunk against
-        # the chunks' temporaries): the default 8 chunks here, the model's 2 at plain's speed
+        # the chunks' temporaries): the row above takes fuse_linear_cross_entropy_chunks'
+        # choice (the fewest chunks that keep the step's peak), this one the default 8
         loss.append(Case(
-            "gpt2", "fxopt fuse_linear_cross_entropy=True, 2 chunks, logging break ignored",
-            self.gpt2_fxopt(context=lambda: _loss_chunks(2, unbroken()),
-                            fuse_linear_cross_entropy=True), 90))
+            "gpt2", "fxopt fuse_linear_cross_entropy=True, default chunks, logging break "
+            "ignored", self.gpt2_fxopt(context=unbroken, fuse_linear_cross_entropy=True,
+                                       rewrite_limit={"fuse_linear_cross_entropy_chunks": 0}),
+            90))
         # issue 29.2: tempo cost 31% of the step on the H200 (20.7 against 15.8 ms); its
         # longest kernels against the defaults' say where
         later = [Case("gpt2", "fxopt tempo=True", self.gpt2_fxopt(sites=True, tempo=True), 90),
@@ -599,36 +601,25 @@ def top_kernels(kernels: list[tuple[str, float, float]], device: torch.device,
     return f"top {what}: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top)
 
 
-@contextlib.contextmanager
-def _loss_chunks(chunks: int, inner: contextlib.AbstractContextManager[Any]) -> Any:
-    """Inside ``inner``, the fused loss's with-grads form in about ``chunks`` chunks of token
-    rows under bf16 (its temporaries 2 bytes a logit: 1/(2 x chunks) of the logits' fp32
-    bytes, where the default is 1/16), restored afterwards: a measurement of the chunk
-    trade, not an option."""
-    from fxopt.kernels import fuse_linear_cross_entropy_with_grads as with_grads
-
-    default = with_grads.CHUNK_FRACTION
-    with_grads.CHUNK_FRACTION = 2 * chunks
-    try:
-        with inner:
-            yield
-    finally:
-        with_grads.CHUNK_FRACTION = default
-
-
 def _fired(backends: tuple[fxopt.Backend, ...]) -> list[str]:
-    """The passes that changed a graph (swap_recompute with its planned swaps)."""
-    fired: dict[str, int] = {}
+    """The passes that changed a graph (swap_recompute with its planned swaps,
+    fuse_linear_cross_entropy_chunks with each op's default and chosen pieces)."""
+    fired: dict[str, list[str]] = {}
+    swaps = 0
     for backend in backends:
         for graph in backend.graphs:
             for record in graph.passes:
                 if not record.fired:
                     continue
                 plan = record.stats.get("plan") or {}
-                swaps = sum(a == "swap" for a in (plan.get("actions") or {}).values())
-                fired[record.name] = fired.get(record.name, 0) + swaps
-    return [f"{name} ({swaps} swaps)" if name == "swap_recompute" else name
-            for name, swaps in fired.items()]
+                swaps += sum(a == "swap" for a in (plan.get("actions") or {}).values())
+                fired.setdefault(record.name, []).extend(
+                    f"{row['form']} {row['default_pieces']} -> {row['pieces']} pieces"
+                    for row in record.stats.get("sizes", ()) if "block_bytes" in row)
+    if "swap_recompute" in fired:
+        fired["swap_recompute"].append(f"{swaps} swaps")
+    return [f"{name} ({', '.join(details)})" if details else name
+            for name, details in fired.items()]
 
 
 def _note_fired(row: Row, backends: tuple[fxopt.Backend, ...]) -> None:

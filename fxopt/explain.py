@@ -279,6 +279,8 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
                 f"{c['fused_ms']:.2f} ms ({c['hardware']} profile): "
                 f"{'cuDNN faster' if c['keep_library'] else 'unrolled faster'}"
                 for c in stats["cost_model"]]
+    if isinstance(stats.get("sizes"), list):  # fuse_linear_cross_entropy_chunks' ops
+        return [_size_row(row) for row in stats["sizes"]]
     plan = stats.get("plan")
     tensors = (plan.get("extra") or {}).get("tensors") if isinstance(plan, dict) else None
     if not tensors:
@@ -311,6 +313,17 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
         lines.append(f"      {f'({len(kept)} others)':<28}{'keep':<11}"
                      f"{sum(t['bytes'] for t in kept) / 1024:>10.1f}{0:>11.4f}")
     return lines
+
+
+def _size_row(row: dict[str, Any]) -> str:
+    """One fused loss op's pieces: the default and the choice, the predicted peak against
+    the bound, the predicted op time of both."""
+    chosen = "pieces" if "block_bytes" not in row else (
+        f"pieces, predicted peak {_mib(row['peak_bytes'])} MiB, op "
+        f"{row['predicted_ms_default']:.3f} -> {row['predicted_ms']:.3f} ms")
+    return (f"      {row['op']} ({row['form']}): {row['default_pieces']} -> {row['pieces']} "
+            f"{chosen} (default's peak {_mib(row['peak_bytes_default'])} MiB, bound "
+            f"{_mib(row['bound_bytes'])} MiB)")
 
 
 def _render(report: ExplainReport) -> list[str]:

@@ -70,10 +70,12 @@ MEASURED_OPS = frozenset({
 HOLDING_OPS = frozenset({"fxopt::library_rnn"})
 
 
-def workspace_bytes(node: fx.Node) -> int:
+def workspace_bytes(node: fx.Node, args: tuple[Any, ...] | None = None) -> int:
     """The bytes ``node``'s op holds inside its call beyond its outputs (0 for an op not in
-    :data:`MEASURED_OPS`, or one whose arguments are not all known)."""
-    return _measured_for(node).workspace
+    :data:`MEASURED_OPS`, or one whose arguments are not all known); ``args``: its
+    arguments instead of the node's (a candidate's, same shapes: a pass choosing one of its
+    op's settings by the step's peak)."""
+    return _measured_for(node, args).workspace
 
 
 def held_bytes(node: fx.Node) -> int:
@@ -91,12 +93,12 @@ class _Measured:
     held: int = 0        # still live once it returned, beyond its outputs
 
 
-def _measured_for(node: fx.Node) -> _Measured:
+def _measured_for(node: fx.Node, args: tuple[Any, ...] | None = None) -> _Measured:
     if node.op != "call_function" or not _compat.is_op_overload(node.target) \
             or node.target.name() not in MEASURED_OPS:
         return _Measured()
     try:
-        args = _spec(node.args)
+        args = _spec(node.args if args is None else args)
         kwargs = tuple(sorted((k, _spec(v)) for k, v in node.kwargs.items()))
     except _Unknown as unknown:
         log.debug("workspace of %s not measured: %s has no value", node.name, unknown)

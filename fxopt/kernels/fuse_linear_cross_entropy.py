@@ -32,8 +32,9 @@ the compute dtype is narrower), but at least :data:`MIN_BLOCK_COLUMNS` columns (
 narrower than that run far below peak); the ``block_bytes`` argument overrides the byte
 bound. The bound is relative only: each block adds to h's fp32 gradient, so on a GPU an
 absolute cap (32 MiB before) multiplied that traffic at large heads (126 blocks for Llama
-3's at 8192 tokens, a predicted 12.6 ms on an H100; 32 blocks now). The pass uses the
-default.
+3's at 8192 tokens, a predicted 12.6 ms on an H100; 32 blocks now). On CUDA
+:mod:`fxopt.passes.fuse_linear_cross_entropy_chunks` sets ``block_bytes`` from the step's
+predicted peak and the budget (:func:`block_count`, :func:`block_bytes_for`).
 
 **Aligned logits** (:func:`row_alignment`, :func:`padded_rows`): on CUDA every matmul that
 reads or writes logits gets a row stride that is a multiple of 16 bytes, W's rows padded with
@@ -61,13 +62,14 @@ import torch.nn.functional as F
 from fxopt import _compat
 from fxopt.kernels import triton_runs_on
 
-__all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_columns",
-           "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
+__all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_bytes_for",
+           "block_columns", "block_count", "check_arguments", "dlogits_block_reference",
+           "fused_fp32_accumulate",
            "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
            "mm_fp32", "padded_rows", "reference", "refuse_double_backward", "row_alignment",
            "subtract_targets_",
            "temporary_bytes", "token_scales",
-           "triton_kernels", "uses_triton"]
+           "triton_kernels", "uses_triton", "uses_triton_on"]
 
 BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
@@ -128,7 +130,12 @@ def padded_rows(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dt
 
 def uses_triton(t: torch.Tensor) -> bool:
     """Whether the per-block math runs in Triton (:mod:`.fuse_linear_cross_entropy_triton`)."""
-    return t.is_cuda and triton_runs_on(t.device)
+    return uses_triton_on(t.device)
+
+
+def uses_triton_on(device: torch.device) -> bool:
+    """:func:`uses_triton` for the tensors of ``device``."""
+    return device.type == "cuda" and triton_runs_on(device)
 
 
 # ---------------------------------------------------------------- per-block references
@@ -195,13 +202,28 @@ def _block_logits(h_cd: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def _block_step(tokens: int, vocab: int, block_bytes: int, compute_dtype: torch.dtype,
-                h: torch.Tensor) -> int:
+                device: torch.device) -> int:
     """:func:`block_columns` for the op's dtype and device, a multiple of the row
     alignment: only the last block is padded."""
     step = block_columns(tokens, vocab, block_bytes,
-                         temporary_bytes(compute_dtype.itemsize, uses_triton(h)))
-    align = row_alignment(h.device, compute_dtype.itemsize)
+                         temporary_bytes(compute_dtype.itemsize, uses_triton_on(device)))
+    align = row_alignment(device, compute_dtype.itemsize)
     return min(vocab, -(-step // align) * align)
+
+
+def block_count(tokens: int, vocab: int, block_bytes: int, compute_dtype: torch.dtype,
+                device: torch.device) -> int:
+    """The vocabulary blocks both ops walk for ``block_bytes`` (0: the default bound)."""
+    return -(-vocab // _block_step(tokens, vocab, block_bytes, compute_dtype, device))
+
+
+def block_bytes_for(blocks: int, tokens: int, vocab: int, compute_dtype: torch.dtype,
+                    device: torch.device) -> int:
+    """The ``block_bytes`` that cut the vocabulary into at most ``blocks`` blocks (fewer
+    where :data:`MIN_BLOCK_COLUMNS` or the alignment widens them)."""
+    columns = -(-vocab // max(blocks, 1))
+    return columns * max(tokens, 1) * temporary_bytes(compute_dtype.itemsize,
+                                                      uses_triton_on(device))
 
 
 def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
@@ -212,7 +234,7 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     s, sum_z, target = (torch.zeros(tokens, **f32) for _ in range(3))
     fold = triton_kernels().lse_block if uses_triton(h) else lse_block_reference
     h_cd = h.to(compute_dtype)
-    step = _block_step(tokens, vocab, block_bytes, compute_dtype, h)
+    step = _block_step(tokens, vocab, block_bytes, compute_dtype, h.device)
     for v0 in range(0, vocab, step):
         z = _block_logits(h_cd, weight, bias, v0, min(v0 + step, vocab), compute_dtype)
         fold(z, labels, v0, m, s, sum_z, target, bool(label_smoothing))
@@ -292,7 +314,7 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
         else None
     dw = torch.empty_like(weight) if want_w else None
     db = torch.empty_like(bias) if want_b else None
-    step = _block_step(tokens, vocab, block_bytes, compute_dtype, h)
+    step = _block_step(tokens, vocab, block_bytes, compute_dtype, h.device)
     for v0 in range(0, vocab, step):
         v1 = min(v0 + step, vocab)
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)

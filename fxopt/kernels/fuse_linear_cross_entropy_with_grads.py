@@ -32,8 +32,11 @@ bytes (on CUDA a chunk's logits in the compute dtype, overwritten in place with 
 gradient: an eighth of the tokens under bf16; the torch path also makes an fp32 softmax),
 but at least :data:`MIN_CHUNK_ROWS` rows: each chunk reads and writes all of W's fp32
 gradient, so narrow chunks make that traffic, not the matmuls, the cost. ``block_bytes`` > 0
-bounds a chunk's temporaries instead. On CUDA the softmax and gradient math runs in the sibling's
-Triton kernels (a chunk is one block of all the columns).
+bounds a chunk's temporaries instead: on CUDA
+:mod:`fxopt.passes.fuse_linear_cross_entropy_chunks` sets it from the step's predicted peak
+and the budget (:func:`chunk_count`, :func:`chunk_bytes_for`). On CUDA the softmax and
+gradient math runs in the sibling's Triton kernels (a chunk is one block of all the
+columns).
 
 The gradients of inputs that need none are not computed: the pass passes which are wanted
 (a frozen head is common in fine-tuning), and the op returns an empty tensor in their place.
@@ -46,8 +49,8 @@ import torch.nn.functional as F
 
 from fxopt.kernels import fuse_linear_cross_entropy as single
 
-__all__ = ["CHUNK_FRACTION", "MIN_CHUNK_ROWS", "chunk_rows", "kept_bytes",
-           "linear_cross_entropy_with_grads", "softmax_rows_reference"]
+__all__ = ["CHUNK_FRACTION", "MIN_CHUNK_ROWS", "chunk_bytes_for", "chunk_count", "chunk_rows",
+           "kept_bytes", "linear_cross_entropy_with_grads", "softmax_rows_reference"]
 
 CHUNK_FRACTION = 16
 MIN_CHUNK_ROWS = 128
@@ -61,6 +64,23 @@ def chunk_rows(tokens: int, vocab: int, block_bytes: int = 0, logit_bytes: int =
     bound = block_bytes or 4 * tokens * vocab // CHUNK_FRACTION
     rows = bound // (logit_bytes * max(vocab, 1))
     return max(1, min(tokens, rows if block_bytes else max(rows, MIN_CHUNK_ROWS)))
+
+
+def chunk_count(tokens: int, vocab: int, block_bytes: int, compute_dtype: torch.dtype,
+                device: torch.device) -> int:
+    """The chunks of token rows the op walks for ``block_bytes`` (0: the default bound)."""
+    return -(-tokens // chunk_rows(tokens, vocab, block_bytes, _logit_bytes(compute_dtype,
+                                                                            device)))
+
+
+def chunk_bytes_for(chunks: int, tokens: int, vocab: int, compute_dtype: torch.dtype,
+                    device: torch.device) -> int:
+    """The ``block_bytes`` that cut the tokens into at most ``chunks`` chunks."""
+    return -(-tokens // max(chunks, 1)) * vocab * _logit_bytes(compute_dtype, device)
+
+
+def _logit_bytes(compute_dtype: torch.dtype, device: torch.device) -> int:
+    return single.temporary_bytes(compute_dtype.itemsize, single.uses_triton_on(device))
 
 
 def kept_bytes(tokens: int, hidden: int, vocab: int, grad_h: bool, grad_weight: bool,
@@ -126,8 +146,7 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
     dh = torch.empty(tokens, hidden, **f32) if want_h else torch.empty(0, **f32)
     dw = torch.zeros(vocab, hidden, **f32) if want_w else torch.empty(0, **f32)
     db = torch.zeros(vocab, **f32) if want_b else torch.empty(0, **f32)
-    step = chunk_rows(tokens, vocab, block_bytes,
-                      single.temporary_bytes(compute_dtype.itemsize, single.uses_triton(h)))
+    step = chunk_rows(tokens, vocab, block_bytes, _logit_bytes(compute_dtype, h.device))
     for r0 in range(0, tokens, step):
         r1 = min(r0 + step, tokens)
         z = F.linear(h_cd[r0:r1], w_padded, b_padded)[:, :vocab]

@@ -19,6 +19,7 @@ from fxopt.passes.base import (
 )
 from fxopt.passes.fuse_elementwise import fuse_elementwise
 from fxopt.passes.fuse_linear_cross_entropy import fuse_linear_cross_entropy
+from fxopt.passes.fuse_linear_cross_entropy_chunks import fuse_linear_cross_entropy_chunks
 from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.passes.library_rnn import library_rnn
 from fxopt.passes.noop_dropout import noop_dropout
@@ -94,6 +95,13 @@ PIPELINE: list[PassSpec] = [
         default_text="on when memory_budget (or plan) is set, as swap_recompute",
         description="issues each swapped activation's prefetch where swap_recompute planned "
                     "it, after the partitioner's reordering"),
+    PassSpec(
+        name="fuse_linear_cross_entropy_chunks", flag="fuse_linear_cross_entropy",
+        stages=(Stage.FORWARD, Stage.BACKWARD), run=fuse_linear_cross_entropy_chunks,
+        default=_budget_or_plan,
+        default_text="on when memory_budget (or plan) is set, as fuse_linear_cross_entropy",
+        description="sizes each fused loss op's pieces: the fewest whose step stays within "
+                    "the byte budget, or never above the default's peak"),
     PassSpec(
         name="fuse_elementwise", flag="fuse_elementwise",
         stages=(Stage.FORWARD, Stage.BACKWARD), run=fuse_elementwise,

@@ -34,7 +34,8 @@ Verdicts: matched per product and form (``linear`` / ``matmul``, then :data:`FOR
 words; "(its logits still made for another user)" where the Linear stays), with the
 plain saved bytes each removes (the log-probabilities, a lower bound of what eager keeps;
 also ``stats[REMOVED_SAVED_BYTES]``); declined per loss, with the reason. Default: on under
-``memory_budget`` (or a replayed ``plan``), and under its own flag.
+``memory_budget`` (or a replayed ``plan``), and under its own flag. The ops' pieces are
+sized after the partition, by :mod:`fxopt.passes.fuse_linear_cross_entropy_chunks`.
 """
 
 from __future__ import annotations
@@ -279,18 +280,22 @@ def grads_in_forward(tokens: int, hidden: int, vocab: int, wanted: tuple[bool, b
 
 def predicted_ms(form: str, tokens: int, hidden: int, vocab: int,
                  wanted: tuple[bool, bool, bool], dtype: torch.dtype,
-                 hardware: HardwareProfile, fused_accumulate: bool = True) -> float:
+                 hardware: HardwareProfile, fused_accumulate: bool = True, *,
+                 pieces: int | None = None, backward_pieces: int | None = None) -> float:
     """The op's forward and backward in ``form`` ("recompute" or "with_grads") on
-    ``hardware``, cut into pieces as the op cuts them there (the Triton path on CUDA), priced
-    by :func:`fxopt.planner.forms.linear_cross_entropy_work`."""
+    ``hardware``, cut into ``pieces`` (the recompute form's backward op into
+    ``backward_pieces``; by default as the op cuts them there, the Triton path on CUDA),
+    priced by :func:`fxopt.planner.forms.linear_cross_entropy_work`."""
     itemsize = dtype.itemsize
-    temporaries = _ops.temporary_bytes(itemsize, triton=hardware.device_type == "cuda")
-    pieces = -(-vocab // _ops.block_columns(tokens, vocab, logit_bytes=temporaries)) \
-        if form == "recompute" else \
-        -(-tokens // _with_grads.chunk_rows(tokens, vocab, logit_bytes=temporaries))
+    if pieces is None:
+        temporaries = _ops.temporary_bytes(itemsize, triton=hardware.device_type == "cuda")
+        pieces = -(-vocab // _ops.block_columns(tokens, vocab, logit_bytes=temporaries)) \
+            if form == "recompute" else \
+            -(-tokens // _with_grads.chunk_rows(tokens, vocab, logit_bytes=temporaries))
     work = forms.linear_cross_entropy_work(form, tokens, hidden, vocab, pieces, itemsize,
                                            grad_h=wanted[0], grad_weight=wanted[1],
-                                           fused_accumulate=fused_accumulate)
+                                           fused_accumulate=fused_accumulate,
+                                           backward_pieces=backward_pieces)
     return forms.predict(work, hardware).ms
 
 

@@ -392,10 +392,12 @@ def offload_step_seconds(plain_step_s: float, plain_optimizer_s: float,
 
 def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, pieces: int,
                               itemsize: int, grad_h: bool = True, grad_weight: bool = True,
-                              fused_accumulate: bool = True) -> Work:
+                              fused_accumulate: bool = True,
+                              backward_pieces: int | None = None) -> Work:
     """One forward and backward of fuse_linear_cross_entropy's op in ``form``
-    ("recompute": ``pieces`` vocabulary blocks, the logits made twice; "with_grads":
-    ``pieces`` chunks of token rows, the gradients made in the forward), the head's
+    ("recompute": ``pieces`` vocabulary blocks, the logits made twice, the backward op's
+    own ``backward_pieces`` (default ``pieces``); "with_grads": ``pieces`` chunks of token
+    rows, the gradients made in the forward), the head's
     compute dtype ``itemsize`` bytes (:func:`head_gemm_kind`; the op pads W's rows to an
     aligned logits stride on CUDA, so its GEMMs are aligned ones).
 
@@ -406,7 +408,7 @@ def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, p
     over the vocabulary blocks, W's over the token chunks): read and written by the GEMM
     that adds to it (8 bytes an entry), or, where a half GEMM cannot (not
     ``fused_accumulate``), its fp32 product written and then added (16).
-    Host: 8 launches a piece."""
+    Host: 4 launches a piece and pass (8 a with-grads chunk)."""
     compute = head_gemm_kind(vocab, itemsize, padded=True)
     gemm = 2.0 * tokens * hidden * vocab
     wanted = grad_h + grad_weight
@@ -414,13 +416,16 @@ def linear_cross_entropy_work(form: str, tokens: int, hidden: int, vocab: int, p
     accumulate = 8 if itemsize == 4 or fused_accumulate else 16
     if form == "recompute":
         passes = 1 + (wanted > 0)
-        accumulated = pieces * tokens * hidden * accumulate if grad_h else 0
+        backward_pieces = pieces if backward_pieces is None else backward_pieces
+        accumulated = backward_pieces * tokens * hidden * accumulate if grad_h else 0
+        launches = 4 * (pieces + backward_pieces * (wanted > 0))
     elif form == "with_grads":
         passes = 1
         accumulated = pieces * vocab * hidden * accumulate if grad_weight else 0
+        launches = 8 * pieces
     else:
         raise ValueError(f"form {form!r} is not 'recompute' or 'with_grads'")
     gradient = 2 * itemsize * logits if wanted else 0
     return Work(gemm_flops={compute: gemm * (passes + wanted)},
                 bytes=float(2 * itemsize * logits * passes + gradient + accumulated),
-                launches={"compiled": 8 * pieces})
+                launches={"compiled": launches})

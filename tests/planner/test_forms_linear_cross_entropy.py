@@ -21,6 +21,11 @@ def test_recompute_runs_four_matmuls_and_accumulates_hs_gradient_per_block():
     # written in place by each of the 5 blocks' fp32 GEMMs
     assert work.bytes == 2 * 2 * 4 * N * V + 2 * 4 * N * V + 5 * N * H * 8
     assert work.launches == {"compiled": 40}
+    # the backward op cut in 2 blocks (fuse_linear_cross_entropy_chunks sizes each op):
+    # h's gradient accumulated twice, 4 launches a block and pass
+    split = forms.linear_cross_entropy_work("recompute", N, H, V, 5, 4, backward_pieces=2)
+    assert split.bytes == work.bytes - 3 * N * H * 8
+    assert split.launches == {"compiled": 4 * (5 + 2)}
 
 
 def test_with_grads_runs_three_and_accumulates_ws_gradient_per_chunk():

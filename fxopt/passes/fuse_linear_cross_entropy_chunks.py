@@ -1,0 +1,246 @@
+"""fuse_linear_cross_entropy_chunks: the size of each fused loss op's pieces, chosen from the
+step's predicted peak and the memory budget.
+
+fuse_linear_cross_entropy's ops (:mod:`fxopt.kernels.fuse_linear_cross_entropy` and its
+with-grads sibling) walk the logits in pieces: the with-grads form in chunks of token rows,
+the recompute form's forward and backward ops each in blocks of vocabulary columns. A
+piece's temporaries are the op's workspace while it runs; on a GPU fewer, larger pieces run
+faster (:func:`fxopt.planner.forms.linear_cross_entropy_work`: each piece costs launches and, where
+the op accumulates a gradient over its pieces, a read and write of that fp32 accumulator:
+W's over the chunks, h's over the backward's blocks). The ops' default (``block_bytes=0``)
+is the finest this pass considers: pieces of at most 1/16 (chunks) or 1/64 (blocks) of the
+logits' fp32 bytes.
+
+The step's peak is known only once the step is partitioned, so the pass runs on the
+partitioned graphs: at the FORWARD stage it sizes the forward ops, the step simulated with
+the partitioned backward; at the BACKWARD stage the recompute form's backward op, with the
+forward as compiled (``PassContext.estimate_memory``, what explain reports). Each op gets
+the fewest pieces, from one up in powers of two, whose step the memory model predicts
+within a bound:
+
+- under a byte ``memory_budget``: the budget less :attr:`fxopt.codegen.Codegen.peak_margin`'s
+  share (the planner holds its plans to the same target), or the step's peak at the default
+  where that is already above it;
+- otherwise (a fraction, which bounds saved bytes, not the peak; a replayed plan; the flag
+  alone): the step's peak at the default, so the pieces only take what the step's peak
+  elsewhere leaves free, never more.
+
+A candidate's peak is the simulated step with the op's workspace at its own step replaced by
+the candidate's, measured as the memory model measures every fxopt op
+(:func:`fxopt.analysis.workspace.workspace_bytes`: the op run on tensors of its node's
+shapes, once per signature). The peak falls as the pieces multiply, so the fewest within the
+bound are found by bisection, a few measurements an op.
+
+Where it runs: on CUDA, where each piece's softmax and gradient math is one Triton kernel
+(:func:`larger_pieces_pay`). On the CPU the torch path makes several passes over each
+piece, fast while a piece stays in cache, and larger pieces measured slower: GPT-2 at 512
+tokens (fx, one thread), 490 ms a step with the default 65 vocabulary blocks, 577 with the
+2 and 4 the pass chose, 648 with one (benchmarks/results/
+fuse_linear_cross_entropy_chunks_cpu.md). The CPU cost model has no cache to predict that,
+so there the pass declines the graph and the default stays.
+
+Verdicts: matched per op kind (:data:`PIECE_OPS`: "with-grads chunks", "recompute blocks,
+forward", "recompute blocks, backward") where the op's pieces changed; declined where the
+default stays (one piece already, or fewer would raise the peak above the bound), with the
+reason. ``stats["sizes"]``: per op its default and chosen pieces, the bound, the predicted
+peaks and the op's predicted time on the device's profile at both (explain shows them).
+Default: on where fuse_linear_cross_entropy is (its flag).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from fxopt import _compat
+from fxopt.analysis.memory import MemoryEstimate
+from fxopt.analysis.workspace import workspace_bytes
+from fxopt.kernels import fuse_linear_cross_entropy as _ops
+from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
+from fxopt.passes.base import PassContext, PassResult, Stage, Verdicts
+from fxopt.passes.fuse_linear_cross_entropy import predicted_ms
+from fxopt.planner.hardware import profile_for
+from fxopt.units import format_mib
+
+__all__ = ["fuse_linear_cross_entropy_chunks", "larger_pieces_pay", "PIECE_OPS"]
+
+# op name -> (the form it belongs to, the verdict's kind)
+PIECE_OPS = {
+    "fxopt::linear_cross_entropy_with_grads": ("with_grads", "with-grads chunks"),
+    "fxopt::linear_cross_entropy": ("recompute", "recompute blocks, forward"),
+    "fxopt::linear_cross_entropy_backward": ("recompute", "recompute blocks, backward"),
+}
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One op to size: its node, form, and the shapes that set its pieces."""
+
+    node: fx.Node
+    form: str
+    kind: str
+    tokens: int
+    hidden: int
+    vocab: int
+    compute_dtype: torch.dtype
+    wanted: tuple[bool, bool, bool]
+    device: torch.device
+
+    @property
+    def backward(self) -> bool:
+        return self.node.target.name() == "fxopt::linear_cross_entropy_backward"
+
+    def pieces(self, block_bytes: int) -> int:
+        counter = _with_grads.chunk_count if self.form == "with_grads" else _ops.block_count
+        return counter(self.tokens, self.vocab, block_bytes, self.compute_dtype, self.device)
+
+    def block_bytes(self, pieces: int) -> int:
+        bound = (_with_grads.chunk_bytes_for if self.form == "with_grads"
+                 else _ops.block_bytes_for)
+        return bound(pieces, self.tokens, self.vocab, self.compute_dtype, self.device)
+
+    def predicted_ms(self, pieces: int, ctx: PassContext) -> float:
+        """The op's form, forward and backward, with this op in ``pieces`` and the other
+        op of a recompute pair at its default."""
+        default = self.pieces(0)
+        forward, backward = (default, pieces) if self.backward else (pieces, default)
+        return predicted_ms(self.form, self.tokens, self.hidden, self.vocab, self.wanted,
+                            self.compute_dtype, profile_for(ctx.device),
+                            pieces=forward, backward_pieces=backward)
+
+
+def larger_pieces_pay(device: torch.device) -> bool:
+    """Whether fewer, larger pieces can run faster on ``device`` (module doc): where the
+    ops' per-piece math is one Triton kernel."""
+    return _ops.uses_triton_on(device)
+
+
+def fuse_linear_cross_entropy_chunks(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    ops = [op for node in gm.graph.nodes if (op := _op(node)) is not None]
+    if not ops:
+        return PassResult.declined_graph(gm, "no fused loss op in this graph")
+    if not larger_pieces_pay(ctx.device):
+        return PassResult.declined_graph(
+            gm, f"on {ctx.device.type} the ops' torch path runs larger pieces slower (its "
+                "passes over a piece run from cache): the default pieces kept")
+    verdicts, sized, estimate = Verdicts(), [], None
+    for op in ops:
+        default = op.pieces(0)
+        if default == 1:
+            verdicts.decline(op.node.name, "one piece already: nothing to choose")
+            continue
+        estimate = estimate or ctx.estimate_memory(gm)
+        if estimate is None:
+            verdicts.decline(op.node.name, "no step simulation for this graph")
+            continue
+        label = f"{'bw' if ctx.stage is Stage.BACKWARD else 'fw'}:{op.node.name}"
+        peak_of = _peak_with(estimate, label, op)
+        current = peak_of(0)
+        bound = max(current, _budget_target(ctx))
+        pieces = _fewest_pieces(op, default, bound, peak_of)
+        row = {"op": op.node.name, "form": op.form, "default_pieces": default,
+               "pieces": pieces, "bound_bytes": bound, "peak_bytes_default": current,
+               "predicted_ms_default": round(op.predicted_ms(default, ctx), 4)}
+        sized.append(row)
+        if pieces == default:
+            verdicts.decline(op.node.name, f"fewer pieces would raise the step's predicted "
+                             f"peak above {format_mib(bound)} MiB: the default {default} kept")
+            continue
+        if not ctx.rewrites.allow():
+            continue
+        block_bytes = op.block_bytes(pieces)
+        row.update(block_bytes=block_bytes, peak_bytes=peak_of(block_bytes),
+                   predicted_ms=round(op.predicted_ms(pieces, ctx), 4))
+        _set_block_bytes(op.node, block_bytes)
+        op.node.meta.setdefault("fxopt", {})["pieces"] = {
+            "pass": "fuse_linear_cross_entropy_chunks", "default": default, "chosen": pieces}
+        estimate = None  # the step changed: a second op is sized against the new one
+        verdicts.match(op.kind)
+    changed = any("block_bytes" in row for row in sized)
+    return PassResult(gm, changed, verdicts, {"sizes": sized} if sized else {})
+
+
+def _op(node: fx.Node) -> _Op | None:
+    """The node as an op to size, or None (another op, or one whose shapes are unknown)."""
+    if node.op != "call_function" or not _compat.is_op_overload(node.target) \
+            or node.target.name() not in PIECE_OPS:
+        return None
+    form, kind = PIECE_OPS[node.target.name()]
+    named = dict(zip(_argument_names(node), node.args)) | dict(node.kwargs)
+    h, weight = (named[k].meta.get("val") if isinstance(named.get(k), fx.Node) else None
+                 for k in ("h", "weight"))
+    if not isinstance(h, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        return None
+    wanted = ((named["grad_h"], named["grad_weight"], named["grad_bias"])
+              if "grad_h" in named else (True, True, True))
+    return _Op(node, form, kind, int(h.shape[0]), int(h.shape[1]), int(weight.shape[0]),
+               named["compute_dtype"], tuple(bool(w) for w in wanted), h.device)
+
+
+def _argument_names(node: fx.Node) -> list[str]:
+    return [a.name for a in node.target._schema.arguments]
+
+
+def _set_block_bytes(node: fx.Node, block_bytes: int) -> None:
+    index = _argument_names(node).index("block_bytes")
+    if index < len(node.args):
+        node.args = (*node.args[:index], block_bytes, *node.args[index + 1:])
+    else:
+        node.kwargs = {**node.kwargs, "block_bytes": block_bytes}
+
+
+def _with_block_bytes(node: fx.Node, block_bytes: int) -> tuple:
+    index = _argument_names(node).index("block_bytes")
+    return (*node.args[:index], block_bytes, *node.args[index + 1:])
+
+
+def _peak_with(estimate: MemoryEstimate, label: str, op: _Op) -> Callable[[int], int]:
+    """block_bytes -> the step's predicted peak with the op's workspace measured at it (the
+    rest of the step's timeline as simulated)."""
+    steps = [i for i, (name, _) in enumerate(estimate.timeline) if name == label]
+    if len(steps) != 1:
+        raise ValueError(f"the step's simulation has {len(steps)} steps labelled {label!r}")
+    step = steps[0]
+    others = max((b for i, (_, b) in enumerate(estimate.timeline) if i != step),
+                 default=estimate.baseline_bytes)
+    without = estimate.timeline[step][1] - workspace_bytes(op.node)
+
+    def peak(block_bytes: int) -> int:
+        return max(others, without + workspace_bytes(
+            op.node, _with_block_bytes(op.node, block_bytes)))
+    return peak
+
+
+def _budget_target(ctx: PassContext) -> int:
+    """A byte budget's bound on the simulated peak (the planner's target); 0 without one."""
+    budget = ctx.options.memory_budget
+    if budget is None or budget.bytes is None:
+        return 0
+    return budget.bytes - int(budget.bytes * ctx.codegen.peak_margin)
+
+
+def _fewest_pieces(op: _Op, default: int, bound: int, peak_of: Callable[[int], int]) -> int:
+    """The fewest pieces among 1, 2, 4, ... (below the default) and the default whose peak
+    is within ``bound`` (the default's is), by bisection: the peak falls as pieces grow."""
+    candidates = sorted({op.pieces(op.block_bytes(p)) for p in _powers_below(default)}
+                        | {default})
+    low, high = 0, len(candidates) - 1  # candidates[high] fits
+    while low < high:
+        middle = (low + high) // 2
+        pieces = candidates[middle]
+        if peak_of(op.block_bytes(pieces)) <= bound:
+            high = middle
+        else:
+            low = middle + 1
+    return candidates[high]
+
+
+def _powers_below(limit: int) -> list[int]:
+    powers, p = [], 1
+    while p < limit:
+        powers.append(p)
+        p *= 2
+    return powers
