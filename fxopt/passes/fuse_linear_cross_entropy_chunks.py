@@ -49,6 +49,7 @@ Default: on where fuse_linear_cross_entropy is (its flag).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -137,10 +138,14 @@ def fuse_linear_cross_entropy_chunks(gm: fx.GraphModule, ctx: PassContext) -> Pa
             verdicts.decline(op.node.name, "no step simulation for this graph")
             continue
         label = f"{'bw' if ctx.stage is Stage.BACKWARD else 'fw'}:{op.node.name}"
-        peak_of = _peak_with(estimate, label, op)
-        current = peak_of(0)
+        step = _Step(estimate, label, op)
+        if not step.default_workspace:
+            verdicts.decline(op.node.name, "its workspace could not be measured: the "
+                             "default pieces kept")
+            continue
+        current = step.peak(0)
         bound = max(current, _budget_target(ctx))
-        pieces = _fewest_pieces(op, default, bound, peak_of)
+        pieces = _fewest_pieces(op, default, functools.partial(step.fits, bound=bound))
         row = {"op": op.node.name, "form": op.form, "default_pieces": default,
                "pieces": pieces, "bound_bytes": bound, "peak_bytes_default": current,
                "predicted_ms_default": round(op.predicted_ms(default, ctx), 4)}
@@ -152,7 +157,7 @@ def fuse_linear_cross_entropy_chunks(gm: fx.GraphModule, ctx: PassContext) -> Pa
         if not ctx.rewrites.allow():
             continue
         block_bytes = op.block_bytes(pieces)
-        row.update(block_bytes=block_bytes, peak_bytes=peak_of(block_bytes),
+        row.update(block_bytes=block_bytes, peak_bytes=step.peak(block_bytes),
                    predicted_ms=round(op.predicted_ms(pieces, ctx), 4))
         _set_block_bytes(op.node, block_bytes)
         op.node.meta.setdefault("fxopt", {})["pieces"] = {
@@ -197,21 +202,35 @@ def _with_block_bytes(node: fx.Node, block_bytes: int) -> tuple:
     return (*node.args[:index], block_bytes, *node.args[index + 1:])
 
 
-def _peak_with(estimate: MemoryEstimate, label: str, op: _Op) -> Callable[[int], int]:
-    """block_bytes -> the step's predicted peak with the op's workspace measured at it (the
-    rest of the step's timeline as simulated)."""
-    steps = [i for i, (name, _) in enumerate(estimate.timeline) if name == label]
-    if len(steps) != 1:
-        raise ValueError(f"the step's simulation has {len(steps)} steps labelled {label!r}")
-    step = steps[0]
-    others = max((b for i, (_, b) in enumerate(estimate.timeline) if i != step),
-                 default=estimate.baseline_bytes)
-    without = estimate.timeline[step][1] - workspace_bytes(op.node)
+class _Step:
+    """The step's simulated timeline around one op: its peak with the op's workspace at a
+    candidate's ``block_bytes`` (the rest as simulated)."""
 
-    def peak(block_bytes: int) -> int:
-        return max(others, without + workspace_bytes(
-            op.node, _with_block_bytes(op.node, block_bytes)))
-    return peak
+    def __init__(self, estimate: MemoryEstimate, label: str, op: _Op) -> None:
+        steps = [i for i, (name, _) in enumerate(estimate.timeline) if name == label]
+        if len(steps) != 1:
+            raise ValueError(f"the step's simulation has {len(steps)} steps labelled "
+                             f"{label!r}")
+        self.op = op
+        self.others = max((b for i, (_, b) in enumerate(estimate.timeline) if i != steps[0]),
+                          default=estimate.baseline_bytes)
+        self.default_workspace = workspace_bytes(op.node)
+        self.without = estimate.timeline[steps[0]][1] - self.default_workspace
+
+    def peak(self, block_bytes: int) -> int:
+        """The predicted peak, or -1 where the workspace could not be measured (0: the
+        measurement warned; an op that walks pieces always has some)."""
+        measured = workspace_bytes(self.op.node, _with_block_bytes(self.op.node, block_bytes))
+        return max(self.others, self.without + measured) if measured else -1
+
+    def fits(self, block_bytes: int, bound: int) -> bool:
+        """Whether the candidate's step stays within ``bound``. ``block_bytes`` is a lower
+        bound of its workspace (a piece's logits alone, in the compute dtype, are that
+        much; the torch path's fp32 copy is counted in both), so a candidate it already
+        puts over is not run: a measurement allocates the piece on the device."""
+        if self.without + block_bytes > bound:
+            return False
+        return 0 <= self.peak(block_bytes) <= bound
 
 
 def _budget_target(ctx: PassContext) -> int:
@@ -222,16 +241,17 @@ def _budget_target(ctx: PassContext) -> int:
     return budget.bytes - int(budget.bytes * ctx.codegen.peak_margin)
 
 
-def _fewest_pieces(op: _Op, default: int, bound: int, peak_of: Callable[[int], int]) -> int:
-    """The fewest pieces among 1, 2, 4, ... (below the default) and the default whose peak
-    is within ``bound`` (the default's is), by bisection: the peak falls as pieces grow."""
+def _fewest_pieces(op: _Op, default: int, fits: Callable[[int], bool]) -> int:
+    """The fewest pieces among 1, 2, 4, ... (below the default) and the default whose
+    ``block_bytes`` ``fits`` (the default's does), by bisection: the peak falls as pieces
+    grow."""
     candidates = sorted({op.pieces(op.block_bytes(p)) for p in _powers_below(default)}
                         | {default})
     low, high = 0, len(candidates) - 1  # candidates[high] fits
     while low < high:
         middle = (low + high) // 2
         pieces = candidates[middle]
-        if peak_of(op.block_bytes(pieces)) <= bound:
+        if fits(op.block_bytes(pieces)):
             high = middle
         else:
             low = middle + 1

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxopt
+from fxopt.analysis.workspace import workspace_bytes
 from fxopt.testing import assert_same_as_eager
 
 # the module (the package's attribute of that name is the pass function)
@@ -90,7 +91,16 @@ def test_without_a_budget_the_fewest_pieces_that_keep_the_steps_peak():
     assert chosen == default
 
 
-def test_where_the_loss_sets_the_peak_its_default_pieces_stay():
+def test_where_the_loss_sets_the_peak_its_default_pieces_stay(monkeypatch):
+    """...and no candidate is run: each one's pieces alone (its block_bytes, a lower bound
+    of its workspace) already pass the bound."""
+    measured = []
+
+    def spy(node, args=None):
+        measured.append(args is not None)
+        return workspace_bytes(node, args)
+
+    monkeypatch.setattr(chunks_pass, "workspace_bytes", spy)
     torch.manual_seed(0)
     comparison = assert_same_as_eager(Head(vocab=2048, hidden=16), _inputs(2048, 512), FUSED)
     record = _sizes(comparison, "forward")
@@ -98,6 +108,19 @@ def test_where_the_loss_sets_the_peak_its_default_pieces_stay():
     (decline,) = record.verdicts.declined
     assert "fewer pieces would raise the step's predicted peak" in decline.reason
     assert record.stats["sizes"][0]["pieces"] == 4
+    assert measured and measured.count(True) == 1  # the default's own, for its peak
+
+
+def test_an_op_whose_workspace_cannot_be_measured_keeps_its_default(monkeypatch):
+    """The memory model's measurement warns and counts 0 where the op cannot run; every
+    candidate would then look free, so the pass keeps the default."""
+    monkeypatch.setattr(chunks_pass, "workspace_bytes", lambda node, args=None: 0)
+    torch.manual_seed(0)
+    comparison = assert_same_as_eager(Head(2048, 16, 4096), _inputs(2048, 512), FUSED)
+    record = _sizes(comparison, "forward")
+    assert record.status == "unchanged"
+    assert [d.reason for d in record.verdicts.declined] == [
+        "its workspace could not be measured: the default pieces kept"]
 
 
 def test_a_byte_budget_buys_fewer_pieces_within_it():
