@@ -6,7 +6,8 @@ Small LM heads (fp32, fx code generation, one under Inductor): a wide MLP before
 whose backward sets the step's peak (room for fewer pieces), or a bare head whose loss sets
 it (none). The pass sizes pieces only where larger ones pay (CUDA's Triton path); the
 decision and its bytes are the same on any device, so these tests take it on the CPU
-(``larger_pieces_pay`` patched), but the last, which checks the CPU's own refusal.
+(``larger_pieces_pay`` patched), but the one that checks the CPU's own refusal and the
+``gpu`` one, which checks CUDA's measured peak.
 """
 
 import importlib
@@ -30,7 +31,7 @@ DEFAULT_PIECES = {PASS: 0}  # rewrite_limit: the ops keep their default pieces
 
 @pytest.fixture(autouse=True)
 def larger_pieces_pay_here(request, monkeypatch):
-    if "cpus_own" not in request.node.name:
+    if "cpus_own" not in request.node.name and "gpu" not in request.node.keywords:
         monkeypatch.setattr(chunks_pass, "larger_pieces_pay", lambda device: True)
 
 
@@ -204,3 +205,27 @@ def test_the_pieces_a_bound_buys_on_cuda_are_the_pieces_the_ops_walk(tokens, voc
         assert chunks <= p and blocks <= p
         assert chunks == p or tokens % p
         assert blocks >= p - 1  # the last block takes what the alignment leaves
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_chosen_pieces_keep_the_measured_peak():
+    """On CUDA, where the pass runs by default with its flag: GPT-2's vocabulary at 2048
+    tokens in fp32 (16 chunks of 128 rows by default), a wide MLP's backward above them:
+    fewer chunks, the loss and gradients eager's, and the step's measured peak
+    (``torch.cuda.max_memory_allocated``) no higher than with the default chunks but for
+    the allocator's rounding."""
+    vocab, tokens = 50257, 2048
+    inputs = tuple(t.cuda() for t in _inputs(vocab, tokens))
+
+    def model():
+        torch.manual_seed(0)
+        return Head(vocab, 128, wide=32768).cuda()
+
+    comparison = assert_same_as_eager(model(), inputs, FUSED)
+    (row,) = _sizes(comparison, "forward").stats["sizes"]
+    assert row["pieces"] < row["default_pieces"] == 16
+    chosen = fxopt.profile_memory(torch.compile(model(), backend="fxopt", options=FUSED),
+                                  inputs, steps=1).measured_peak_bytes
+    default = fxopt.profile_memory(torch.compile(model(), backend="fxopt", options={
+        **FUSED, "rewrite_limit": DEFAULT_PIECES}), inputs, steps=1).measured_peak_bytes
+    assert chosen <= default + 2 * 2**20
