@@ -16,6 +16,7 @@ from fxopt import config, optim
 from fxopt.compiler import Backend, GraphRecord, backend
 from fxopt.explain import ExplainReport, explain
 from fxopt.graph_breaks import ignore_transformers_logging
+from fxopt.lm_outputs import drop_logits
 from fxopt.passes import PassContext, PassResult, PassSpec, Stage
 from fxopt.planner import Plan
 from fxopt.profile import profile_memory
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "ExplainReport", "GraphRecord", "PassContext", "PassResult", "PassSpec",
-    "Plan", "Stage", "backend", "config", "explain", "ignore_transformers_logging", "optim",
+    "Plan", "Stage", "backend", "config", "drop_logits", "explain",
+    "ignore_transformers_logging", "optim",
     "profile_memory", "__version__",
 ]

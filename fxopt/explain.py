@@ -121,8 +121,8 @@ def explain(model: Any, *args: Any, options: Mapping[str, Any] | None = None,
 
 def _notes(model: Any, options: Options, graphs: list[GraphRecord],
            breaks: list[GraphBreak]) -> list[str]:
-    """What the table alone does not say: why nothing was compiled, and RNN modules
-    Dynamo leaves out of its graphs."""
+    """What the table alone does not say: why nothing was compiled, RNN modules Dynamo
+    leaves out of its graphs, logging breaks, and logits the fused loss could not remove."""
     notes = []
     rnns = [f"{name or 'the model'} ({type(m).__name__})"
             for name, m in (model.named_modules() if isinstance(model, torch.nn.Module) else ())
@@ -149,6 +149,13 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
             "itself the setting is torch._dynamo.config.ignore_logging_functions (torch "
             ">= 2.11; it takes the exact function, e.g. transformers' "
             "logging.Logger.warning_once), ignore_logger_methods in older torch")
+    if any("its logits still made" in kind for graph in graphs for r in graph.passes
+           if r.name == "fuse_linear_cross_entropy" for kind in r.verdicts.matched):
+        notes.append(
+            "fuse_linear_cross_entropy computes the loss without the logits, but something "
+            "else in the graph still uses them, so they are still made: a transformers "
+            "causal LM returns them with its loss. For training steps that read only the "
+            "loss, fxopt.drop_logits(model) removes them from the output")
     if not graphs:
         why = ("see the graph break(s) above" if breaks else
                "the call ran no tensor operation Dynamo could capture, or Dynamo skipped "

@@ -1,0 +1,75 @@
+"""fxopt.drop_logits: a transformers causal LM compiled as users compile it returns no
+logits from a step that computes its loss, so the graph never makes them and
+fuse_linear_cross_entropy replaces the head whole; everything else is as before."""
+
+import pytest
+import torch
+import transformers
+
+import fxopt
+from fxopt.testing import assert_same_as_eager
+
+V = 131
+FUSED = {"fuse_linear_cross_entropy": True, "codegen": "fx"}
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=32, n_layer=1,
+                                     n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the loss it falls back to, without the logging break
+    return model
+
+
+def _ids(batch=2, seq=9):
+    return torch.randint(0, V, (batch, seq), generator=torch.Generator().manual_seed(3))
+
+
+def _pass_kinds(comparison):
+    return [kind for r in comparison.passes if r.name == "fuse_linear_cross_entropy"
+            for kind in r.verdicts.matched]
+
+
+def test_a_compiled_step_makes_no_logits_and_the_fused_loss_takes_the_whole_head():
+    ids = _ids()
+    kept = assert_same_as_eager(_gpt2(), (ids,), FUSED, kwargs={"labels": ids})
+    dropped = assert_same_as_eager(fxopt.drop_logits(_gpt2()), (ids,), FUSED,
+                                   kwargs={"labels": ids})
+    assert dropped.eager_output.logits is None and kept.eager_output.logits is not None
+    assert _pass_kinds(kept) == ["linear, logits recomputed in the backward "
+                                 "(its logits still made for another user)"]
+    assert _pass_kinds(dropped) == ["linear, logits recomputed in the backward"]
+    outputs = [n for n in dropped.graphs[0].graphs["dynamo"].graph.nodes if n.op == "output"]
+    values = [a.meta.get("example_value") for a in outputs[0].args[0]]  # Dynamo's fakes
+    shapes = [tuple(v.shape) for v in values if isinstance(v, torch.Tensor)]
+    assert (2, 9, V) not in shapes and shapes  # the loss (and the cache) only
+    peaks = [c.graphs[0].memory["fxopt"].peak_bytes for c in (kept, dropped)]
+    assert peaks[1] < peaks[0]
+
+
+def test_calls_without_a_loss_and_tuple_outputs():
+    model = fxopt.drop_logits(_gpt2()).eval()
+    ids = _ids()
+    with torch.no_grad():
+        assert model(ids).logits.shape == (2, 9, V)  # no labels: no loss, logits kept
+        loss, logits, *rest = model(ids, labels=ids, return_dict=False)
+    assert loss.dim() == 0 and logits is None and rest
+
+
+def test_a_second_call_changes_nothing_and_other_arguments_are_refused():
+    model = _gpt2()
+    forward = fxopt.drop_logits(model).forward
+    assert fxopt.drop_logits(model).forward is forward
+    assert forward.__wrapped__.__self__ is model  # the model's own forward, kept
+    with pytest.raises(TypeError, match="expected an nn.Module, got function"):
+        fxopt.drop_logits(_ids)
+
+
+def test_explain_names_drop_logits_where_the_fused_loss_leaves_the_logits_made():
+    ids = _ids()
+    words = "fxopt.drop_logits(model) removes them"
+    kept = fxopt.explain(_gpt2(), ids, labels=ids, options=FUSED)
+    dropped = fxopt.explain(fxopt.drop_logits(_gpt2()), ids, labels=ids, options=FUSED)
+    assert any(words in note for note in kept.notes)
+    assert not any(words in note for note in dropped.notes)
