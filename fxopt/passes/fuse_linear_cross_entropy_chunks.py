@@ -108,8 +108,9 @@ class _Op:
         op of a recompute pair at its default."""
         default = self.pieces(0)
         forward, backward = (default, pieces) if self.backward else (pieces, default)
+        fused = ctx.device.type != "cuda" or _ops.fused_fp32_accumulate(ctx.device)
         return predicted_ms(self.form, self.tokens, self.hidden, self.vocab, self.wanted,
-                            self.compute_dtype, profile_for(ctx.device),
+                            self.compute_dtype, profile_for(ctx.device), fused,
                             pieces=forward, backward_pieces=backward)
 
 
@@ -179,6 +180,8 @@ def _op(node: fx.Node) -> _Op | None:
                  for k in ("h", "weight"))
     if not isinstance(h, torch.Tensor) or not isinstance(weight, torch.Tensor):
         return None
+    # the recompute form's forward op does not say which gradients its backward computes:
+    # its time is priced with all of them
     wanted = ((named["grad_h"], named["grad_weight"], named["grad_bias"])
               if "grad_h" in named else (True, True, True))
     return _Op(node, form, kind, int(h.shape[0]), int(h.shape[1]), int(weight.shape[0]),
