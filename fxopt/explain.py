@@ -278,7 +278,7 @@ def _tempo_auto_rows(auto: dict[str, Any]) -> list[str]:
 def _plan_rows(stats: dict[str, Any]) -> list[str]:
     """swap_recompute's plan: predicted peak before/after, and per saved tensor the action,
     its bytes and the step time it is predicted to add; tempo='auto''s choice; fuse_rnn's
-    cost model per whole RNN call."""
+    cost model per whole RNN call; fuse_linear_cross_entropy_chunks' pieces per op."""
     if isinstance(stats.get("auto"), dict):
         return _tempo_auto_rows(stats["auto"])
     if isinstance(stats.get("cost_model"), list):  # fuse_rnn's whole RNN calls
