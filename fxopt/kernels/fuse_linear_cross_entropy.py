@@ -65,7 +65,8 @@ from fxopt.kernels import triton_runs_on
 __all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_bytes_for",
            "block_columns", "block_count", "check_arguments", "dlogits_block_reference",
            "fused_fp32_accumulate",
-           "linear_cross_entropy", "linear_cross_entropy_backward", "lse_block_reference",
+           "linear_cross_entropy", "linear_cross_entropy_backward", "logit_bytes",
+           "lse_block_reference",
            "mm_fp32", "padded_rows", "reference", "refuse_double_backward", "row_alignment",
            "subtract_targets_",
            "temporary_bytes", "token_scales",
@@ -100,6 +101,11 @@ def temporary_bytes(itemsize: int, triton: bool) -> int:
     overwritten in place by the Triton kernels; the torch path adds an fp32 copy where the
     compute dtype is narrower."""
     return itemsize if triton or itemsize == 4 else itemsize + 4
+
+
+def logit_bytes(compute_dtype: torch.dtype, device: torch.device) -> int:
+    """:func:`temporary_bytes` of the ops' path on ``device`` (Triton on CUDA)."""
+    return temporary_bytes(compute_dtype.itemsize, uses_triton_on(device))
 
 
 def row_alignment(device: torch.device, itemsize: int) -> int:
@@ -205,8 +211,7 @@ def _block_step(tokens: int, vocab: int, block_bytes: int, compute_dtype: torch.
                 device: torch.device) -> int:
     """:func:`block_columns` for the op's dtype and device, a multiple of the row
     alignment: only the last block is padded."""
-    step = block_columns(tokens, vocab, block_bytes,
-                         temporary_bytes(compute_dtype.itemsize, uses_triton_on(device)))
+    step = block_columns(tokens, vocab, block_bytes, logit_bytes(compute_dtype, device))
     align = row_alignment(device, compute_dtype.itemsize)
     return min(vocab, -(-step // align) * align)
 
@@ -222,8 +227,7 @@ def block_bytes_for(blocks: int, tokens: int, vocab: int, compute_dtype: torch.d
     """The ``block_bytes`` that cut the vocabulary into at most ``blocks`` blocks (fewer
     where :data:`MIN_BLOCK_COLUMNS` or the alignment widens them)."""
     columns = -(-vocab // max(blocks, 1))
-    return columns * max(tokens, 1) * temporary_bytes(compute_dtype.itemsize,
-                                                      uses_triton_on(device))
+    return columns * max(tokens, 1) * logit_bytes(compute_dtype, device)
 
 
 def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,

@@ -69,18 +69,14 @@ def chunk_rows(tokens: int, vocab: int, block_bytes: int = 0, logit_bytes: int =
 def chunk_count(tokens: int, vocab: int, block_bytes: int, compute_dtype: torch.dtype,
                 device: torch.device) -> int:
     """The chunks of token rows the op walks for ``block_bytes`` (0: the default bound)."""
-    return -(-tokens // chunk_rows(tokens, vocab, block_bytes, _logit_bytes(compute_dtype,
+    return -(-tokens // chunk_rows(tokens, vocab, block_bytes, single.logit_bytes(compute_dtype,
                                                                             device)))
 
 
 def chunk_bytes_for(chunks: int, tokens: int, vocab: int, compute_dtype: torch.dtype,
                     device: torch.device) -> int:
     """The ``block_bytes`` that cut the tokens into at most ``chunks`` chunks."""
-    return -(-tokens // max(chunks, 1)) * vocab * _logit_bytes(compute_dtype, device)
-
-
-def _logit_bytes(compute_dtype: torch.dtype, device: torch.device) -> int:
-    return single.temporary_bytes(compute_dtype.itemsize, single.uses_triton_on(device))
+    return -(-tokens // max(chunks, 1)) * vocab * single.logit_bytes(compute_dtype, device)
 
 
 def kept_bytes(tokens: int, hidden: int, vocab: int, grad_h: bool, grad_weight: bool,
@@ -146,7 +142,7 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
     dh = torch.empty(tokens, hidden, **f32) if want_h else torch.empty(0, **f32)
     dw = torch.zeros(vocab, hidden, **f32) if want_w else torch.empty(0, **f32)
     db = torch.zeros(vocab, **f32) if want_b else torch.empty(0, **f32)
-    step = chunk_rows(tokens, vocab, block_bytes, _logit_bytes(compute_dtype, h.device))
+    step = chunk_rows(tokens, vocab, block_bytes, single.logit_bytes(compute_dtype, h.device))
     for r0 in range(0, tokens, step):
         r1 = min(r0 + step, tokens)
         z = F.linear(h_cd[r0:r1], w_padded, b_padded)[:, :vocab]

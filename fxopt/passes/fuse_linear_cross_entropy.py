@@ -55,8 +55,8 @@ from fxopt.passes.torch_calls import arg, example_tensor, is_call
 from fxopt.planner import forms
 from fxopt.planner.hardware import CPU_DEFAULT, HardwareProfile, profile_for
 
-__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies", "grads_in_forward",
-           "predicted_ms"]
+__all__ = ["fuse_linear_cross_entropy", "fuse_linear_cross_entropies", "fused_accumulate",
+           "grads_in_forward", "predicted_ms"]
 
 PASS = "fuse_linear_cross_entropy"
 # The with-grads form is taken where the gradients it keeps are at most this share of the
@@ -326,9 +326,14 @@ def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
     return verdicts, kept
 
 
+def fused_accumulate(device: torch.device) -> bool:
+    """Whether the ops' half GEMMs add to an fp32 accumulator on ``device`` (elsewhere than
+    CUDA their operands are upcast, so the fp32 GEMM adds to it)."""
+    return device.type != "cuda" or _ops.fused_fp32_accumulate(device)
+
+
 def fuse_linear_cross_entropy(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-    fused = ctx.device.type != "cuda" or _ops.fused_fp32_accumulate(ctx.device)
     verdicts, _ = fuse_linear_cross_entropies(gm, ctx.rewrites.allow, profile_for(ctx.device),
-                                              fused)
+                                              fused_accumulate(ctx.device))
     removed = sum(m.bytes for m in verdicts.matched.values())
     return PassResult(gm, bool(verdicts.matched), verdicts, {REMOVED_SAVED_BYTES: removed})

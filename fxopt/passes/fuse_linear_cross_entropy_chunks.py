@@ -62,7 +62,7 @@ from fxopt.analysis.workspace import workspace_bytes
 from fxopt.kernels import fuse_linear_cross_entropy as _ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import PassContext, PassResult, Stage, Verdicts
-from fxopt.passes.fuse_linear_cross_entropy import predicted_ms
+from fxopt.passes.fuse_linear_cross_entropy import fused_accumulate, predicted_ms
 from fxopt.planner.hardware import profile_for
 from fxopt.units import format_mib
 
@@ -108,9 +108,9 @@ class _Op:
         op of a recompute pair at its default."""
         default = self.pieces(0)
         forward, backward = (default, pieces) if self.backward else (pieces, default)
-        fused = ctx.device.type != "cuda" or _ops.fused_fp32_accumulate(ctx.device)
         return predicted_ms(self.form, self.tokens, self.hidden, self.vocab, self.wanted,
-                            self.compute_dtype, profile_for(ctx.device), fused,
+                            self.compute_dtype, profile_for(ctx.device),
+                            fused_accumulate(ctx.device),
                             pieces=forward, backward_pieces=backward)
 
 
@@ -160,7 +160,7 @@ def fuse_linear_cross_entropy_chunks(gm: fx.GraphModule, ctx: PassContext) -> Pa
         block_bytes = op.block_bytes(pieces)
         row.update(block_bytes=block_bytes, peak_bytes=step.peak(block_bytes),
                    predicted_ms=round(op.predicted_ms(pieces, ctx), 4))
-        _set_block_bytes(op.node, block_bytes)
+        op.node.args = _with_block_bytes(op.node, block_bytes)
         op.node.meta.setdefault("fxopt", {})["pieces"] = {
             "pass": "fuse_linear_cross_entropy_chunks", "default": default, "chosen": pieces}
         estimate = None  # the step changed: a second op is sized against the new one
@@ -170,11 +170,15 @@ def fuse_linear_cross_entropy_chunks(gm: fx.GraphModule, ctx: PassContext) -> Pa
 
 
 def _op(node: fx.Node) -> _Op | None:
-    """The node as an op to size, or None (another op, or one whose shapes are unknown)."""
+    """The node as an op to size, or None (another op, one whose shapes are unknown, or a
+    call that names ``block_bytes`` by keyword)."""
     if node.op != "call_function" or not _compat.is_op_overload(node.target) \
             or node.target.name() not in PIECE_OPS:
         return None
     form, kind = PIECE_OPS[node.target.name()]
+    # AOTAutograd's graphs pass every argument by position; a keyword call is left alone
+    if _block_bytes_index(node) >= len(node.args):
+        return None
     named = dict(zip(_argument_names(node), node.args)) | dict(node.kwargs)
     h, weight = (named[k].meta.get("val") if isinstance(named.get(k), fx.Node) else None
                  for k in ("h", "weight"))
@@ -192,16 +196,13 @@ def _argument_names(node: fx.Node) -> list[str]:
     return [a.name for a in node.target._schema.arguments]
 
 
-def _set_block_bytes(node: fx.Node, block_bytes: int) -> None:
-    index = _argument_names(node).index("block_bytes")
-    if index < len(node.args):
-        node.args = (*node.args[:index], block_bytes, *node.args[index + 1:])
-    else:
-        node.kwargs = {**node.kwargs, "block_bytes": block_bytes}
+def _block_bytes_index(node: fx.Node) -> int:
+    return _argument_names(node).index("block_bytes")
 
 
 def _with_block_bytes(node: fx.Node, block_bytes: int) -> tuple:
-    index = _argument_names(node).index("block_bytes")
+    """``node``'s arguments with ``block_bytes`` in its place (positional: :func:`_op`)."""
+    index = _block_bytes_index(node)
     return (*node.args[:index], block_bytes, *node.args[index + 1:])
 
 
