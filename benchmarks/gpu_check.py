@@ -515,8 +515,9 @@ class Check:
             "ignored", self.gpt2_fxopt(context=unbroken, drop_logits=True,
                                        fuse_linear_cross_entropy=True), 90))
         # the fused loss's chunk trade (W's fp32 gradient read and written per chunk against
-        # the chunks' temporaries): the row above takes fuse_linear_cross_entropy_chunks'
-        # choice (the fewest chunks that keep the step's peak), this one the default 8
+        # the chunks' temporaries): the first fused-loss row takes
+        # fuse_linear_cross_entropy_chunks' choice (the fewest chunks that keep the step's
+        # peak), this one the default 8
         loss.append(Case(
             "gpt2", "fxopt fuse_linear_cross_entropy=True, default chunks, logging break "
             "ignored", self.gpt2_fxopt(context=unbroken, fuse_linear_cross_entropy=True,
