@@ -11,8 +11,9 @@
 # the next one, and what a cut-off step wrote still comes back.
 #
 # The GPU check runs its configurations in priority order and one run reaches only the first
-# ones. --continue [SECONDS] runs the check alone for at most SECONDS (default 530),
-# resuming: it keeps the rows the earlier run finished and runs the others. The device
+# ones. --continue [SECONDS] runs `fxopt calibrate --no-save` (45 s at most) and then the
+# check, both within SECONDS (default 530), the check resuming: it keeps the rows the
+# earlier run finished and runs the others. The device
 # tool hands each command an empty $OUT, so the check also writes its file to .gpu_session/
 # (git-ignored: the device keeps ignored paths between the commands of one lease), which is
 # where --continue reads it from; failing that, from the checkout's
@@ -38,8 +39,10 @@ for arg in "$@"; do
         *) echo "unknown argument: $arg (--dry-run, --continue [SECONDS])" >&2; exit 2 ;;
     esac
 done
-if [ "$CONTINUE_S" -lt 60 ]; then
-    echo "--continue $CONTINUE_S: the check needs at least 60 s" >&2; exit 2
+CALIBRATE_S=45
+if [ "$CONTINUE_S" -lt $((60 + CALIBRATE_S)) ]; then
+    echo "--continue $CONTINUE_S: calibrate and the check need at least $((60 + CALIBRATE_S)) s" >&2
+    exit 2
 fi
 mkdir -p "$OUT/benchmarks/results" "$KEEP"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
@@ -81,8 +84,13 @@ if [ "$CONTINUE" = 1 ]; then
         esac
     done 2>/dev/null
     cp "$KEEP"/gpu_check_*.md "$RESULTS/" 2>/dev/null
-    step gpu_check "$CONTINUE_S" "$PYTHON" benchmarks/gpu_check.py \
-        --deadline-s $((CONTINUE_S - 30)) --resume --out-dir "$RESULTS" --also-to "$KEEP"
+    # this machine's rates (GEMMs, HBM, the link both ways, the host's fused AdamW, an
+    # eager op's host cost): what the cost model's GPU rows are checked against (issue
+    # 30.3/30.5); printed, not cached, so the check plans with the documented profile
+    step calibrate $CALIBRATE_S "$PYTHON" -m fxopt calibrate --device cuda --no-save
+    CHECK_S=$((CONTINUE_S - CALIBRATE_S))
+    step gpu_check "$CHECK_S" "$PYTHON" benchmarks/gpu_check.py \
+        --deadline-s $((CHECK_S - 30)) --resume --out-dir "$RESULTS" --also-to "$KEEP"
 else
     # The doctor runs here with its report streamed, so pytest leaves out its doctor test
     step doctor 150 "$PYTHON" -m fxopt doctor --device cuda --json "$OUT/fxopt_doctor.json"

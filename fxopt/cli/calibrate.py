@@ -7,8 +7,9 @@ repeats after a warm-up:
   square matrices, ``2 n^3`` FLOPs per product;
 - memory bandwidth: a device-to-device ``copy_`` of a large tensor (bytes read + written);
 - host<->device bandwidth (GPU only): pinned host tensor to the device and back;
-- CPU optimizer throughput: ``torch.optim.Adam(foreach=True)`` steps on CPU tensors,
-  parameters updated per second (the figure the optimizer-offload model needs);
+- CPU optimizer throughput: ``torch.optim.AdamW(fused=True)`` steps on a CPU tensor,
+  parameters updated per second (the figure the optimizer-offload model needs; the
+  offloaded optimizer's host kernel, :func:`fxopt.optim.host_rate.measure_update_rate`);
 - on a CPU, special functions (exp, erf, tanh, sigmoid, GELU; the median of their
   elements per second) and random draws (``bernoulli_``, dropout's mask), which run far
   below the memory bandwidth there (on a GPU they are memory-bound: not measured);
@@ -43,6 +44,7 @@ from collections.abc import Callable
 import torch
 
 from fxopt.devices import indexed
+from fxopt.optim.host_rate import measure_update_rate
 from fxopt.planner.hardware import HardwareProfile, default_profile
 
 __all__ = ["PLAUSIBLE_FACTOR", "calibrate", "implausible"]
@@ -88,8 +90,8 @@ def _calibrate(device: torch.device, size: int, copy_mib: int, adam_params: int,
         host = src.nbytes / max(up, down)
     profile = HardwareProfile(
         name=base.name, device_type=device.type, flops=flops, memory_bandwidth=bandwidth,
-        host_device_bandwidth=host, cpu_update_params_per_second=_adam_rate(adam_params,
-                                                                            repeats),
+        host_device_bandwidth=host, cpu_update_params_per_second=measure_update_rate(
+            torch.optim.AdamW, adam_params, repeats),
         memory_capacity=base.memory_capacity, source="calibrated",
         node_overhead_seconds=_node_overhead(device),
         transcendental_per_second=(_elementwise_rate(device, _TRANSCENDENTAL, repeats)
@@ -203,8 +205,3 @@ def _compiled_step_overhead(rounds: int) -> float:
     return times[len(times) // 2] / max(nodes, 1)
 
 
-def _adam_rate(params: int, repeats: int) -> float:
-    weight = torch.zeros(params, requires_grad=True)
-    weight.grad = torch.randn(params)
-    optimizer = torch.optim.Adam([weight], foreach=True)
-    return params / _best(optimizer.step, torch.device("cpu"), repeats)

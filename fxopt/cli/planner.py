@@ -16,7 +16,8 @@ device to plan for). The step planned is ``model(*example_inputs)`` followed by 
 of the sum of its first tensor output (a scalar loss is itself).
 
 ``fxopt calibrate [--device cuda]`` measures the device and caches its profile
-(:mod:`fxopt.cli.calibrate`).
+(:mod:`fxopt.cli.calibrate`); ``--no-save`` only prints the rates (the GPU session's
+record, which must not change the profile the rest of the session plans with).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def add_planner_commands(commands: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--force", action="store_true",
                            help="cache the profile even when a rate is more than 10x off "
                            "the device's documented default")
+    calibrate.add_argument("--no-save", action="store_true",
+                           help="print the rates and cache nothing (the planner keeps its "
+                           "profile)")
     calibrate.set_defaults(run=_calibrate)
 
 
@@ -330,6 +334,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     problems = implausible(profile, default_profile(args.device))
     for problem in problems:
         print(f"fxopt calibrate: implausible: {problem}", file=sys.stderr)
+    if args.no_save:
+        print("not saved (--no-save)")
+        return 0
     if problems and not args.force:
         print(f"fxopt calibrate: NOT saved: rates more than {PLAUSIBLE_FACTOR:.0f}x off the "
               "documented default would mislead the planner (a busy machine, or --quick's "

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from fxopt.optim.host_rate import on_this_host
 from fxopt.optim.model import OffloadPlan, ParamInfo, plan_offload, split_subgroups
 from fxopt.optim.runtime import (
     OffloadedOptimizer,
@@ -176,8 +177,11 @@ def offload(optimizer: torch.optim.Optimizer, source: Any = None, *,
                       "all optimizer state on the device", stacklevel=2)
     infos = [ParamInfo(key=i, numel=params[i].numel(), itemsize=params[i].element_size(),
                        ready_seconds=ready) for i, ready in order]
-    hardware = hardware or profile_for(params[0].device)
-    plan = plan_offload(split_subgroups(infos, subgroups), hardware, staged=staged,
+    groups = split_subgroups(infos, subgroups)
+    if hardware is None:  # a GPU's profile with this host's measured update rate
+        hardware = on_this_host(profile_for(params[0].device), type(optimizer),
+                                max(s.numel for s in groups))
+    plan = plan_offload(groups, hardware, staged=staged,
                         states_per_param=states_per_param(optimizer),
                         counter_bytes=counter_bytes(optimizer), **planning)
     if plan.gpu_state_bytes > plan.all_gpu_state_bytes:  # only a forced staged= can

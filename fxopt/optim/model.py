@@ -539,7 +539,8 @@ def _offload_plan(subgroups: Sequence[Subgroup], placement: Sequence[str],
         cpu_fraction=cpu_fraction, states_per_param=states_per_param, contention=contention,
         counter_bytes=tuple(counter_bytes),
         backward_seconds=max((s.ready_seconds for s in subgroups), default=0.0),
-        staged=staged, staging_bytes=prediction.staging_bytes, staging_note=note)
+        staged=staged, staging_bytes=prediction.staging_bytes, staging_note=note,
+        host_update_rate=hardware.cpu_update_params_per_second)
 
 
 def offload_frontier(subgroups: Sequence[Subgroup], hardware: HardwareProfile, *,

@@ -62,6 +62,8 @@ class OffloadPlan:
     staged: bool | float | None = None  # the option the plan was made with
     staging_bytes: int = 0
     staging_note: str = ""
+    # the host's update rate the plan assumed (parameters/s; 0: not recorded)
+    host_update_rate: float = 0.0
 
     @property
     def host_overhead_seconds(self) -> float:
@@ -81,13 +83,16 @@ class OffloadPlan:
 
     def summary(self) -> str:
         """One line: the share on the host, the device bytes it frees, the host's overhead
-        against the backward, then which subgroups are staged and why."""
+        (with the update rate it assumed) against the backward, then which subgroups are
+        staged and why."""
         freed = self.all_gpu_state_bytes - self.gpu_state_bytes
         staged = (f" and {self.staged_share:.0%} on the device with their state kept on "
                   f"the host (staged)" if self.staged_share else "")
         line = (f"{self._share(('cpu',)):.0%} of parameters update on the host{staged}, "
                 f"freeing {freed / 2**20:.1f} MiB of device state; the host adds "
                 f"{self.host_overhead_seconds * 1e3:.3g} ms to the step")
+        if self.host_update_rate and self._share(("cpu",)):
+            line += f" (its update at {self.host_update_rate / 1e9:.3g}e9 parameters/s)"
         verdict = self.keeps_up()
         if verdict is None:
             line += " (the backward's length is unknown)"

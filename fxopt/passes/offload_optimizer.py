@@ -7,7 +7,9 @@ produces it says when it becomes ready. The pass records, in ready order, each g
 input position, size and dtype, and the backward's remaining roofline time after it
 (``ready_seconds``, on the device's :class:`~fxopt.planner.HardwareProfile`), then runs the
 Deep Optimizer States model (:func:`fxopt.optim.plan_offload`) on size-balanced subgroups
-and returns the plan as ``stats["plan"]`` (explain and the debug dump show it).
+and returns the plan as ``stats["plan"]`` (explain and the debug dump show it). On CUDA
+the plan takes this host's measured AdamW update rate (:mod:`fxopt.optim.host_rate`) unless
+the device's profile is calibrated.
 
 It also puts ``fxopt::grad_ready(grad, graph id, input)`` right after each gradient's
 producing node (:mod:`fxopt.optim.grad_ready`): a compiled backward hands its gradients to
@@ -33,6 +35,7 @@ import torch.fx as fx
 
 from fxopt.analysis.cost import node_cost, storage_root
 from fxopt.optim.grad_ready import GRAD_READY, new_graph_id
+from fxopt.optim.host_rate import on_this_host
 from fxopt.optim.link import DEFAULT_SUBGROUPS
 from fxopt.optim.model import ParamInfo, plan_offload, split_subgroups
 from fxopt.passes.base import PassContext, PassResult, Verdicts
@@ -121,8 +124,9 @@ def offload_optimizer(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         return PassResult.declined_graph(gm, "no floating-point gradients")
     infos = [ParamInfo(key=g["input"], numel=g["numel"], itemsize=g["itemsize"],
                        ready_seconds=g["ready_seconds"]) for g in gradients]
-    plan = plan_offload(split_subgroups(infos, DEFAULT_SUBGROUPS), hardware,
-                        gpu_state_budget_bytes=_budget(gm, ctx, hardware),
+    subgroups = split_subgroups(infos, DEFAULT_SUBGROUPS)
+    host = on_this_host(hardware, torch.optim.AdamW, max(s.numel for s in subgroups))
+    plan = plan_offload(subgroups, host, gpu_state_budget_bytes=_budget(gm, ctx, hardware),
                         states_per_param=ADAM_STATES)
     log.info("fxopt: offload_optimizer on %s: %d gradients, %d subgroups, %.0f%% on the CPU, "
              "predicted optimizer step %.3g ms", ctx.graph_name, len(gradients),

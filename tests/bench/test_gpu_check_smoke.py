@@ -149,7 +149,9 @@ def test_a_resumed_check_keeps_what_ran_and_runs_the_rest(tmp_path):
 
 
 @pytest.mark.parametrize("seconds", [None, 240])
-def test_the_continue_dry_run_plans_the_resumed_check_alone(tmp_path, seconds):
+def test_the_continue_dry_run_plans_calibrate_then_the_resumed_check(tmp_path, seconds):
+    """The second command measures the machine's rates (printed, not cached: the check
+    plans with the documented profile) and gives the check what is left of its time."""
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "--dry-run",
                            "--continue", *([str(seconds)] if seconds else [])],
                           env={**_env(), "OUT": str(tmp_path)},
@@ -157,10 +159,20 @@ def test_the_continue_dry_run_plans_the_resumed_check_alone(tmp_path, seconds):
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "session.txt").read_text()
     steps = [line for line in log.splitlines() if line.startswith("== ") and "(limit" in line]
-    limit = seconds or 530
-    assert len(steps) == 1 and steps[0].startswith(f"== gpu_check (limit {limit} s)")
-    assert f"--deadline-s {limit - 30} --resume" in steps[0]
-    assert "--also-to .gpu_session" in steps[0]  # where a later --continue resumes from
+    assert len(steps) == 2
+    assert steps[0] == ("== calibrate (limit 45 s): python -m fxopt calibrate --device cuda "
+                        "--no-save")
+    limit = (seconds or 530) - 45
+    assert steps[1].startswith(f"== gpu_check (limit {limit} s)")
+    assert f"--deadline-s {limit - 30} --resume" in steps[1]
+    assert "--also-to .gpu_session" in steps[1]  # where a later --continue resumes from
+
+
+def test_a_continue_too_short_for_calibrate_and_the_check_is_refused(tmp_path):
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "--dry-run",
+                           "--continue", "100"], env={**_env(), "OUT": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "need at least 105 s" in done.stderr
 
 
 def test_a_check_also_writes_its_file_where_the_next_command_resumes_from(tmp_path):

@@ -221,6 +221,15 @@ def test_calibrate_measures_caches_and_profile_for_uses_it(tmp_path, monkeypatch
     assert profile_for("cpu") == CPU_DEFAULT  # an unreadable cache is ignored (logged)
 
 
+def test_calibrate_no_save_prints_the_rates_and_caches_nothing(tmp_path, monkeypatch,
+                                                                capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["calibrate", "--device", "cpu", "--quick", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "Mparams/s" in out and "not saved (--no-save)" in out
+    assert not cache_path("cpu").exists() and profile_for("cpu") == CPU_DEFAULT
+
+
 def test_calibrate_refuses_cuda_without_cuda(tmp_path, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("CUDA is available")
