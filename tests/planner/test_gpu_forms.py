@@ -58,6 +58,42 @@ def test_rnn_forms_predict_the_h100_table(section, configuration, work):
     assert abs(predicted - measured) <= TOLERANCE * measured, (predicted, measured)
 
 
+# The H200's RNN rows (gpu_check of 2026-11-27). Its host-bound rows ran slower than the
+# H100's on a device at least as fast (eager's loop 27.4 against 23.3 ms, cuDNN's LSTM 20.6
+# against 16.3-17.1): the hosts differ, and the profiles' host costs are the H100 machine's.
+H200_HOST = pytest.mark.xfail(strict=True, reason=(
+    "H200 table: cuDNN's LSTM measured 20.6 ms (17.4-23.4), predicted 13.4 (-35%); the H100 "
+    "table's 16.3-17.1 is predicted at 13.6. cuDNN's per-step launches are the host's: the "
+    "next session's `fxopt calibrate` (an eager op's host cost) and device-busy note say "
+    "whether that host was slower"))
+H200_COMPILED_LOOP = pytest.mark.xfail(strict=True, reason=(
+    "H200 table: the compiled loops measured 2.6-3.0x the prediction (fusible cells 15.5 ms "
+    "against 6.0, plain torch.compile 20.2 against 6.8). Their launches are counted right "
+    "(5 and 8 per step; Inductor's code generated on the CPU for 64 steps: 332 and 518 "
+    "kernel and GEMM calls, forward and backward), and neither the host at tritonbench's "
+    "7-9 us per Inductor launch (meta-pytorch/tritonbench#1017) nor the device chain "
+    "explains it: the next check's device-busy note says which side bounds the loop"))
+H200_FORMS = [
+    pytest.param("LSTMCell loop", "eager", forms.cell_loop_work(**LOOP, form="eager", hw=H200),
+                 id="LSTMCell loop/eager"),
+    pytest.param("LSTMCell loop", "torch.compile (Inductor)",
+                 forms.cell_loop_work(**LOOP, form="plain", hw=H200),
+                 marks=H200_COMPILED_LOOP, id="LSTMCell loop/torch.compile"),
+    pytest.param("LSTMCell loop", "fxopt fuse_rnn=True (auto: Inductor, fusible cells)",
+                 forms.cell_loop_work(**LOOP, form="fusible", hw=H200),
+                 marks=H200_COMPILED_LOOP, id="LSTMCell loop/fusible cells"),
+    pytest.param("nn.LSTM LM", "eager (cuDNN)", forms.lstm_lm_work(**LSTM, form="cudnn", hw=H200),
+                 marks=H200_HOST, id="nn.LSTM LM/cuDNN"),
+]
+
+
+@pytest.mark.parametrize("section,configuration,work", H200_FORMS)
+def test_rnn_forms_predict_the_h200_table(section, configuration, work):
+    predicted = forms.predict(work, H200).ms
+    measured = measured_ms(section, configuration, H200_TABLE)
+    assert abs(predicted - measured) <= TOLERANCE * measured, (predicted, measured)
+
+
 def test_the_rnn_forms_differ_where_the_table_says_why():
     """cuDNN's LSTM is bound by its device chain, fuse_rnn's by the host's per-step launches
     (2 Python ops and 6 compiled launches per layer and step)."""
@@ -89,20 +125,38 @@ def _gpt2_params():
     return [ParamInfo(i, p.numel()) for i, p in enumerate(reversed(list(model.parameters())))]
 
 
-@pytest.mark.parametrize("fraction", [0.5, 1.0])
-def test_offloaded_adamw_is_the_plain_step_plus_the_simulated_optimizer(fraction):
+OFFLOAD_TOLERANCE = 0.20   # issue 30.3: "the predicted step time is within 20%"
+H200_HALF_OFFLOADED = pytest.mark.xfail(strict=True, reason=(
+    "H200 table: cpu_fraction=0.5 measured 66.6 ms (51.4-101.4), predicted 47.2 (-29%); the "
+    "same configuration took 44.2 on the H100's machine (predicted 45.7), and that host "
+    "update rate is the profile's. The plan now measures the host's rate "
+    "(fxopt.optim.host_rate) and the next session's calibrate records it"))
+
+
+@pytest.mark.parametrize("hw,table,fraction,subgroups", [
+    pytest.param(H100, TABLE, 0.5, 8, id="H100-0.5"),
+    pytest.param(H100, TABLE, 1.0, 8, id="H100-1.0"),
+    pytest.param(H200, H200_TABLE, 0.5, 8, marks=H200_HALF_OFFLOADED, id="H200-0.5"),
+    pytest.param(H200, H200_TABLE, 1.0, 8, id="H200-1.0"),
+    pytest.param(H200, H200_TABLE, 1.0, 32, id="H200-1.0-staged"),
+])
+def test_offloaded_adamw_is_the_plain_step_plus_the_simulated_optimizer(hw, table, fraction,
+                                                                       subgroups):
     """The offloaded rows from the measured plain row and the optimizer model (gradients
-    to the host, CPU updates, parameters back; 8 subgroups as fxopt.optim.offload)."""
+    to the host, CPU updates, parameters back; with 32 subgroups the plan stages the
+    smallest host-resident ones, as fxopt.optim.offload left to choose)."""
     pytest.importorskip("transformers")
-    subgroups = split_subgroups(_gpt2_params(), 8)
-    plain = plan_offload(subgroups, H100, cpu_fraction=0.0)
-    offloaded = plan_offload(subgroups, H100, cpu_fraction=fraction)
+    split = split_subgroups(_gpt2_params(), subgroups)
+    plain = plan_offload(split, hw, cpu_fraction=0.0)
+    offloaded = plan_offload(split, hw, cpu_fraction=fraction)
+    assert (offloaded.staged_share > 0) == (subgroups == 32)
     section = "Offloaded optimizer"
     predicted = 1e3 * forms.offload_step_seconds(
-        measured_ms(section, "AdamW on the device") / 1e3, plain.predicted_seconds,
+        measured_ms(section, "AdamW on the device", table) / 1e3, plain.predicted_seconds,
         offloaded.predicted_seconds)
-    measured = measured_ms(section, f"offloaded, cpu_fraction={fraction}")
-    assert abs(predicted - measured) <= TOLERANCE * measured, (predicted, measured)
+    name = f"offloaded, cpu_fraction={fraction}" + (", 32 subgroups" if subgroups == 32 else "")
+    measured = measured_ms(section, name, table)
+    assert abs(predicted - measured) <= OFFLOAD_TOLERANCE * measured, (predicted, measured)
 
 
 # The H100 table's Inductor row is the one the model misses: 21.5 ms there, 16.0-16.3 on the
