@@ -36,7 +36,10 @@ configuration names the rows keep, so that runs compare row by row):
 
 Every measured row also notes how long the device was busy in one more (profiled) step,
 against the step's median: a step far longer than its kernels is bound by the host's
-launches (the cost model's two bounds). Priority order: GPT-2's first three rows, the fused
+launches (the cost model's two bounds). A row of :data:`KERNELS_AGAINST` also sets its
+step's kernels, by family, against another row's of this run (tempo's against the
+defaults', the fused loss's against plain torch.compile's, ...): the families that added
+or saved the most device time. Priority order: GPT-2's first three rows, the fused
 loss's rows, the RNN rows the cost model chose, the budgets and peers, the optimizer, the
 GEMMs, and last the nn.LSTM unrolled against the cost model's advice (its compile outlasted
 100 s on a fresh H200).
@@ -128,6 +131,21 @@ TITLES = {
 # each section's row whose first loss the others are compared with
 REFERENCES = {"gpt2": "eager", "lstm": "eager (cuDNN)", "loop": "eager",
               "optim": "AdamW on the device"}
+# rows whose profiled step's kernels are set against another row's of the section (when
+# that one ran in the same process): where a pass's device time goes, by kernel family
+# (issue 29.2: tempo cost 31% of the H200's step, and no row said in which kernels)
+_DEFAULTS, _PLAIN_UNBROKEN = ("fxopt defaults (auto: Inductor)",
+                              "torch.compile (Inductor), logging break ignored")
+KERNELS_AGAINST = {
+    ("gpt2", "fxopt tempo=True"): _DEFAULTS,
+    ("gpt2", "fxopt memory_budget=0.5, not strict"): _DEFAULTS,
+    ("gpt2", "fxopt defaults, logging break ignored"): _DEFAULTS,
+    ("gpt2", "fxopt fuse_linear_cross_entropy=True, logging break ignored"): _PLAIN_UNBROKEN,
+    ("gpt2", "fxopt fuse_linear_cross_entropy=True, fxopt.drop_logits, logging break "
+             "ignored"): _PLAIN_UNBROKEN,
+    ("loop", "fxopt fuse_rnn=True (auto: Inductor, fusible cells)"): "torch.compile (Inductor)",
+    ("lstm", 'fxopt fuse_rnn="auto" (cost model)'): "eager (cuDNN)",
+}
 
 
 class Check:
@@ -139,6 +157,8 @@ class Check:
         self.eager_loss: dict[str, float] = {}
         # (section, configuration) -> peak + resident bytes (a resumed row's: its peak)
         self.peaks: dict[tuple[str, str], int] = {}
+        # (section, configuration) -> its profiled step's kernel families (this run's rows)
+        self.kernels: dict[tuple[str, str], dict[str, tuple[int, float]]] = {}
 
     # ---- building blocks ----------------------------------------------------------
 
@@ -202,6 +222,11 @@ class Check:
         row.notes.append(device_busy(kernels, device, taken.median_ms))
         if top:
             row.notes.append(top_kernels(kernels, device, top))
+        families = self.kernels[(row.section, row.name)] = kernel_families(kernels)
+        against = KERNELS_AGAINST.get((row.section, row.name))
+        if (row.section, against) in self.kernels:
+            row.notes.append(kernel_difference(families, self.kernels[(row.section, against)],
+                                               against, device))
 
     # ---- GPT-2 ---------------------------------------------------------------------
 
@@ -609,6 +634,43 @@ def top_kernels(kernels: list[tuple[str, float, float]], device: torch.device,
     top = sorted(totals.items(), key=lambda item: -item[1])[:count]
     what = "kernels" if device.type == "cuda" else "ops (CPU, under the profiler)"
     return f"top {what}: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top)
+
+
+def kernel_families(kernels: list[tuple[str, float, float]]) -> dict[str, tuple[int, float]]:
+    """Launches and device µs of ``kernels`` (:func:`_profiled`) per family: the name
+    without Inductor's trailing kernel number (``triton_poi_fused_add_3`` and ``_add_7``
+    are one family), so that two compilations of a model compare kernel by kernel."""
+    families: dict[str, tuple[int, float]] = {}
+    for name, start, end in kernels:
+        family = re.sub(r"_\d+$", "", name.replace("|", "/"))[:90]
+        count, us = families.get(family, (0, 0.0))
+        families[family] = (count + 1, us + end - start)
+    return families
+
+
+def kernel_difference(ours: dict[str, tuple[int, float]], theirs: dict[str, tuple[int, float]],
+                      against: str, device: torch.device, shown: int = 4) -> str:
+    """What a row's profiled step ran beyond ``against``'s (:func:`kernel_families` of
+    each): both totals, then the ``shown`` families that added the most device time and
+    those that saved the most, each with its launches in both."""
+    def total(families: dict[str, tuple[int, float]]) -> tuple[int, float]:
+        return (sum(c for c, _ in families.values()),
+                sum(us for _, us in families.values()) / 1e3)
+
+    def change(name: str) -> float:
+        return ours.get(name, (0, 0.0))[1] - theirs.get(name, (0, 0.0))[1]
+
+    def listed(names: list[str]) -> str:
+        return "; ".join(f"{name} {change(name) / 1e3:+.2f} ms ({ours.get(name, (0,))[0]} "
+                         f"against {theirs.get(name, (0,))[0]})" for name in names) or "none"
+
+    names = sorted(set(ours) | set(theirs), key=change)
+    added = [n for n in reversed(names) if change(n) > 0][:shown]
+    saved = [n for n in names if change(n) < 0][:shown]
+    (n_ours, ms_ours), (n_theirs, ms_theirs) = total(ours), total(theirs)
+    what = "kernels" if device.type == "cuda" else "ops (CPU)"
+    return (f"{what} against {against}: {n_ours} ({n_theirs}), {ms_ours:.2f} ms "
+            f"({ms_theirs:.2f}); most added: {listed(added)}; most saved: {listed(saved)}")
 
 
 def _fired(backends: tuple[fxopt.Backend, ...]) -> list[str]:

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from fxopt.bench.table import Case, Row, markdown_tables, read_rows, run_cases
 
@@ -48,6 +49,9 @@ def test_tiny_gpu_check_runs_every_section_and_writes_the_table(tmp_path):
     assert len(fused) == 2 and all("fired: fuse_rnn" in r for r in fused)
     assert any("fired: offload_optimizer" in r and "; plan: " in r and "of parameters "
                "update on the host" in r for r in ran)  # the predicted step beside the row's
+    # a compared row names the kernel families it ran beyond its reference's
+    (unbroken,) = [r for r in ran if r.startswith("| fxopt defaults, logging break ignored |")]
+    assert "ops (CPU) against fxopt defaults (auto: Inductor): " in unbroken, unbroken
     for row in fused:
         loss_cell = row.split(" | ")[4]
         assert abs(float(loss_cell.split("(")[1].rstrip(")"))) < 1e-4, row
@@ -184,12 +188,32 @@ def test_a_check_also_writes_its_file_where_the_next_command_resumes_from(tmp_pa
 
 
 
-def test_device_busy_time_counts_overlapping_kernels_once():
+def _gpu_check():
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
-        from gpu_check import busy_us
+        import gpu_check
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+    return gpu_check
+
+
+def test_kernels_are_set_against_another_rows_by_family():
+    check = _gpu_check()
+    ours = check.kernel_families([("triton_poi_fused_gelu_3", 0, 30), ("triton_poi_fused_gelu_9",
+                                  40, 70), ("nvjet_gemm|tn", 70, 170), ("topk_kernel", 170, 175)])
+    theirs = check.kernel_families([("triton_poi_fused_gelu_1", 0, 10), ("nvjet_gemm|tn", 10, 110),
+                                    ("triton_red_fused_norm_2", 110, 150)])
+    assert ours == {"triton_poi_fused_gelu": (2, 60.0), "nvjet_gemm/tn": (1, 100.0),
+                    "topk_kernel": (1, 5.0)}
+    text = check.kernel_difference(ours, theirs, "fxopt defaults", torch.device("cuda"),
+                                   shown=2)
+    assert text == ("kernels against fxopt defaults: 4 (3), 0.17 ms (0.15); most added: "
+                    "triton_poi_fused_gelu +0.05 ms (2 against 1); topk_kernel +0.01 ms "
+                    "(1 against 0); most saved: triton_red_fused_norm -0.04 ms (0 against 1)")
+
+
+def test_device_busy_time_counts_overlapping_kernels_once():
+    busy_us = _gpu_check().busy_us
     # two streams overlapping over 5-12, a gap 15-20, one nested kernel
     assert busy_us([(0, 10), (5, 12), (20, 30), (22, 25)]) == 12 + 10
     assert busy_us([]) == 0
