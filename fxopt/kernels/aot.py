@@ -46,6 +46,7 @@ __all__ = [
     "compile_specs",
     "format_table",
     "handwritten_specs",
+    "linear_cross_entropy_specs",
     "pointwise_spec",
     "problems",
 ]
@@ -104,9 +105,10 @@ def _ptr(dtype: str) -> str:
     return f"*{dtype}"
 
 
-def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 1024
-                      ) -> list[KernelSpec]:
-    """The tempo GELU and the LSTM/GRU cell kernels, per activation dtype."""
+def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 1024,
+                      vocab: int = 50257) -> list[KernelSpec]:
+    """The tempo GELU, the LSTM/GRU cell and the fused loss's block kernels, per activation
+    dtype (the loss's as GPT-2's head calls them: :func:`linear_cross_entropy_specs`)."""
     from fxopt.kernels.fuse_rnn import _BLOCK as rnn_block
     from fxopt.kernels.tempo.gelu import gelu_tables
     from fxopt.kernels.tempo.gelu_coefficients import DEGREE
@@ -180,7 +182,34 @@ def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 102
             ("dh_ptr", "saved_ptr", "h_ptr", "da_out", "db_out", "dh_prev_out", "n",
              "stride_h"), rnn_block,
             module=rnn_module, attr="_gru_backward_kernel"))
+        specs += linear_cross_entropy_specs(name, vocab)
     return specs
+
+
+def linear_cross_entropy_specs(dtype: str, vocab: int) -> list[KernelSpec]:
+    """``fxopt::linear_cross_entropy``'s two block kernels for ``dtype`` logits of ``vocab``
+    columns, specialized as the JIT specializes the ops' calls on CUDA: aligned pointers,
+    the rows padded to 16 bytes and read up to that span (``ALIGN`` elements of 16 bytes),
+    and no integer divisible by 16 where the vocabulary is odd (GPT-2's 50257)."""
+    module = "fxopt.kernels.fuse_linear_cross_entropy_triton"
+    align = 16 // DTYPES[dtype].itemsize
+    p, block = _ptr(dtype), 1024
+    state = {"labels_ptr": "*i64", "m_ptr": "*fp32", "s_ptr": "*fp32", "sumz_ptr": "*fp32",
+             "target_ptr": "*fp32"}
+    rows = {"labels_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32"}
+    counts = {"cols": "i32", "span_aligns": "i32", "v0": "i32"}
+    return [
+        KernelSpec(f"lce_lse_block V={vocab} {dtype}",
+                   {"z_ptr": p, "z_stride_aligns": "i32", **state, **counts,
+                    "SMOOTH": "constexpr", "ALIGN": "constexpr", "BLOCK": "constexpr"},
+                   {"SMOOTH": True, "ALIGN": align, "BLOCK": block}, ("z_ptr", *state), block,
+                   module=module, attr="_lse_block_kernel"),
+        KernelSpec(f"lce_dlogits_block V={vocab} {dtype}",
+                   {"z_ptr": p, "z_stride_aligns": "i32", "p_ptr": p, "p_stride_aligns": "i32",
+                    **rows, **counts, "smooth_each": "fp32", "hit": "fp32",
+                    "ALIGN": "constexpr", "BLOCK": "constexpr"},
+                   {"ALIGN": align, "BLOCK": block}, ("z_ptr", "p_ptr", *rows), block,
+                   module=module, attr="_dlogits_block_kernel")]
 
 
 def pointwise_spec(program: Program, layout: Layout, label: str,

@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,13 +66,11 @@ from fxopt.kernels import triton_runs_on
 
 __all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_bytes_for",
            "block_columns", "block_count", "check_arguments", "dlogits_block_reference",
-           "fused_fp32_accumulate",
-           "linear_cross_entropy", "linear_cross_entropy_backward", "logit_bytes",
-           "lse_block_reference",
-           "mm_fp32", "padded_rows", "reference", "refuse_double_backward", "row_alignment",
-           "subtract_targets_",
-           "temporary_bytes", "token_scales",
-           "triton_kernels", "uses_triton", "uses_triton_on"]
+           "fused_fp32_accumulate", "linear_cross_entropy", "linear_cross_entropy_backward",
+           "logit_bytes", "lse_block_reference", "mm_fp32", "padded_kernels", "padded_rows",
+           "reference", "refuse_double_backward", "row_alignment", "subtract_targets_",
+           "temporary_bytes", "token_scales", "triton_kernels", "uses_triton",
+           "uses_triton_on"]
 
 BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
@@ -201,10 +201,27 @@ def subtract_targets_(p: torch.Tensor, labels: torch.Tensor, v0: int, label_smoo
 def _block_logits(h_cd: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   v0: int, v1: int, compute_dtype: torch.dtype) -> torch.Tensor:
     """Columns ``v0:v1`` of the logits, computed as the Linear computes them, with a row
-    stride of :func:`row_alignment` (a view of the padded product)."""
+    stride of :func:`row_alignment` (a view of the padded product, whose columns past
+    ``v1 - v0`` are padding: :func:`padded_kernels`)."""
     w, b = padded_rows(weight[v0:v1], None if bias is None else bias[v0:v1], compute_dtype,
                        row_alignment(h_cd.device, compute_dtype.itemsize))
     return F.linear(h_cd, w, b)[:, :v1 - v0]
+
+
+def padded_kernels() -> tuple[Callable[..., None], Callable[..., None]]:
+    """The Triton block kernels (``lse_block``, ``dlogits_block``) for logits that are a
+    column prefix of their padded product (the ops' blocks and chunks): each row is read,
+    and its gradient written, up to the product's width, so in aligned vectors (the
+    padding's gradient is written as zeros)."""
+    kernels = triton_kernels()
+
+    def fold(z: torch.Tensor, *state: Any) -> None:
+        kernels.lse_block(z, *state, span=z.stride(0))
+
+    def gradient(z: torch.Tensor, out: torch.Tensor, *args: Any) -> None:
+        kernels.dlogits_block(z, out, *args, span=z.stride(0))
+
+    return fold, gradient
 
 
 def _block_step(tokens: int, vocab: int, block_bytes: int, compute_dtype: torch.dtype,
@@ -236,7 +253,7 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     f32 = dict(device=h.device, dtype=torch.float32)
     m = torch.full((tokens,), float("-inf"), **f32)
     s, sum_z, target = (torch.zeros(tokens, **f32) for _ in range(3))
-    fold = triton_kernels().lse_block if uses_triton(h) else lse_block_reference
+    fold = padded_kernels()[0] if uses_triton(h) else lse_block_reference
     h_cd = h.to(compute_dtype)
     step = _block_step(tokens, vocab, block_bytes, compute_dtype, h.device)
     for v0 in range(0, vocab, step):
@@ -312,7 +329,7 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
     tokens, vocab = h.shape[0], weight.shape[0]
     want_h, want_w, want_b = wants
     row_scale = token_scales(labels, ignore_index, reduction, grad.float())
-    gradient = triton_kernels().dlogits_block if uses_triton(h) else dlogits_block_reference
+    gradient = padded_kernels()[1] if uses_triton(h) else dlogits_block_reference
     h_cd = h.to(compute_dtype)
     dh = torch.zeros(tokens, h.shape[1], device=h.device, dtype=torch.float32) if want_h \
         else None

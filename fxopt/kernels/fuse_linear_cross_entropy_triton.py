@@ -10,7 +10,15 @@ of one vocabulary block of logits; the matmuls around them stay cuBLAS (torch).
   gradient matmuls take: one write of 2 bytes an entry under bf16): one program per
   (token, column tile).
 
-Both read ``z`` in its dtype and compute in fp32. The torch references they must equal are
+Both read ``z`` in its dtype and compute in fp32. Given a ``span`` (the padded product's
+width: the ops' logits are a column prefix of a product whose rows are padded to 16 bytes on
+CUDA), they read each row up to it and the dlogits kernel writes the padding's gradient as
+zeros: a row then starts and ends on a 16-byte boundary, and the compiler issues 128-bit
+loads and stores where an odd vocabulary (GPT-2's 50257 columns) would otherwise cut every
+access to one element (``tests/kernels/test_fuse_linear_cross_entropy_kernels.py`` compiles
+them for sm_80/sm_90 at that vocabulary). The row strides and the span come divided by
+``ALIGN``, the power of two that divides them (up to 16 bytes' worth of elements), so that
+the compiler sees multiples of it. The torch references they must equal are
 :func:`fxopt.kernels.fuse_linear_cross_entropy.lse_block_reference` and
 :func:`~fxopt.kernels.fuse_linear_cross_entropy.dlogits_block_reference`. Imported only where
 Triton runs (see ``fxopt.kernels.triton_runs_on``).
@@ -28,19 +36,22 @@ BLOCK = 1024  # columns per loop iteration (lse) or per program (dlogits)
 
 
 @triton.jit
-def _lse_block_kernel(z_ptr, z_stride, labels_ptr, m_ptr, s_ptr, sumz_ptr, target_ptr,
-                      cols, v0, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+def _lse_block_kernel(z_ptr, z_stride_aligns, labels_ptr, m_ptr, s_ptr, sumz_ptr, target_ptr,
+                      cols, span_aligns, v0, SMOOTH: tl.constexpr, ALIGN: tl.constexpr,
+                      BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    z_row = z_ptr + row.to(tl.int64) * z_stride
+    z_row = z_ptr + row.to(tl.int64) * (z_stride_aligns * ALIGN)
+    span = span_aligns * ALIGN
     label = tl.load(labels_ptr + row) - v0
     m_run = tl.load(m_ptr + row)
     s_run = tl.load(s_ptr + row)
     sum_z = tl.load(sumz_ptr + row)
     target = tl.load(target_ptr + row)
-    for start in range(0, cols, BLOCK):
+    for start in range(0, span, BLOCK):
         offsets = start + tl.arange(0, BLOCK)
         inside = offsets < cols
-        z = tl.load(z_row + offsets, mask=inside, other=float("-inf")).to(tl.float32)
+        z = tl.load(z_row + offsets, mask=offsets < span, other=0.0).to(tl.float32)
+        z = tl.where(inside, z, float("-inf"))  # the padding's values, whatever they are
         m_new = tl.maximum(m_run, tl.max(z, 0))
         s_run = s_run * tl.exp(m_run - m_new) + tl.sum(tl.exp(z - m_new), 0)
         m_run = m_new
@@ -54,40 +65,74 @@ def _lse_block_kernel(z_ptr, z_stride, labels_ptr, m_ptr, s_ptr, sumz_ptr, targe
 
 
 @triton.jit
-def _dlogits_block_kernel(z_ptr, z_stride, p_ptr, p_stride, labels_ptr, lse_ptr, scale_ptr,
-                          cols, v0, smooth_each, hit, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def _dlogits_block_kernel(z_ptr, z_stride_aligns, p_ptr, p_stride_aligns, labels_ptr, lse_ptr,
+                          scale_ptr, cols, span_aligns, v0, smooth_each, hit,
+                          ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
     offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inside = offsets < cols
-    z = tl.load(z_ptr + row.to(tl.int64) * z_stride + offsets, mask=inside,
+    spanned = offsets < span_aligns * ALIGN
+    z = tl.load(z_ptr + row * (z_stride_aligns * ALIGN) + offsets, mask=spanned,
                 other=0.0).to(tl.float32)
     p = tl.exp(z - tl.load(lse_ptr + row)) - smooth_each
     p = tl.where(offsets == tl.load(labels_ptr + row) - v0, p - hit, p) * tl.load(scale_ptr + row)
-    tl.store(p_ptr + row.to(tl.int64) * p_stride + offsets, p.to(p_ptr.dtype.element_ty),
-             mask=inside)
+    p = tl.where(offsets < cols, p, 0.0)  # the padding's gradient: zero
+    tl.store(p_ptr + row * (p_stride_aligns * ALIGN) + offsets, p.to(p_ptr.dtype.element_ty),
+             mask=spanned)
+
+
+def _align(itemsize: int, *counts: int) -> int:
+    """The largest power of two that divides every one of ``counts`` (row strides in
+    elements, the span), up to 16 bytes' worth of elements: the vector width the compiler
+    may then use for a row's loads and stores."""
+    align = 16 // itemsize
+    while align > 1 and any(c % align for c in counts):
+        align //= 2
+    return align
+
+
+def _span(z: torch.Tensor, span: int | None) -> int:
+    cols = z.shape[1]
+    if span is None:
+        return cols
+    if span < cols or span > z.stride(0) or z.stride(1) != 1:
+        raise ValueError(f"fxopt: a span of {span} columns does not fit rows of {cols} "
+                         f"columns at a stride of {z.stride(0)}")
+    return span
 
 
 def lse_block(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch.Tensor,
               s: torch.Tensor, sum_z: torch.Tensor, target: torch.Tensor,
-              smooth: bool) -> None:
-    """Fold ``z`` (columns ``v0:v0 + z.shape[1]`` of the logits) into the running state."""
+              smooth: bool, span: int | None = None) -> None:
+    """Fold ``z`` (columns ``v0:v0 + z.shape[1]`` of the logits) into the running state.
+    ``span``: how many columns of each row may be read (the padded product's width, whose
+    columns past ``z``'s are padding; None: ``z``'s own), so that the rows are read in
+    aligned vectors up to an aligned end."""
     rows, cols = z.shape
     if rows == 0:
         return
-    _lse_block_kernel[(rows,)](z, z.stride(0), labels, m, s, sum_z, target, cols, v0,
-                               SMOOTH=smooth, BLOCK=min(BLOCK, triton.next_power_of_2(cols)))
+    span = _span(z, span)
+    align = _align(z.element_size(), z.stride(0), span)
+    _lse_block_kernel[(rows,)](z, z.stride(0) // align, labels, m, s, sum_z, target, cols,
+                               span // align, v0, SMOOTH=smooth, ALIGN=align,
+                               BLOCK=min(BLOCK, triton.next_power_of_2(span)))
 
 
 def dlogits_block(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: int,
                   lse: torch.Tensor, label_smoothing: float, vocab: int,
-                  row_scale: torch.Tensor) -> None:
+                  row_scale: torch.Tensor, span: int | None = None) -> None:
     """Write the logit gradients of block ``z``, times each row's scale, into ``out`` (in
-    its dtype: fp32, or the compute dtype the matmuls take; may be ``z``)."""
+    its dtype: fp32, or the compute dtype the matmuls take; may be ``z``). ``span``: as
+    :func:`lse_block`'s, and ``out``'s columns past ``z``'s up to it are written with
+    zeros (``out``'s rows must have them: its padding too)."""
     rows, cols = z.shape
     if rows == 0:
         return
-    block = min(BLOCK, triton.next_power_of_2(cols))
-    _dlogits_block_kernel[(rows, triton.cdiv(cols, block))](
-        z, z.stride(0), out, out.stride(0), labels, lse, row_scale, cols, v0,
-        label_smoothing / vocab,
-        1.0 - label_smoothing, BLOCK=block)
+    span = _span(z, span)
+    if span != cols:
+        _span(out, span)
+    align = _align(z.element_size(), z.stride(0), out.stride(0), span)
+    block = min(BLOCK, triton.next_power_of_2(span))
+    _dlogits_block_kernel[(rows, triton.cdiv(span, block))](
+        z, z.stride(0) // align, out, out.stride(0) // align, labels, lse, row_scale, cols,
+        span // align, v0, label_smoothing / vocab, 1.0 - label_smoothing, ALIGN=align,
+        BLOCK=block)

@@ -103,13 +103,13 @@ def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype):
     loss) of one chunk's whole-row logits ``z``."""
     rows = z.shape[0]
     if single.uses_triton(z):
-        kernels = single.triton_kernels()
+        fold, gradient = single.padded_kernels()  # z: a prefix of its padded product
         f32 = dict(device=z.device, dtype=torch.float32)
         m = torch.full((rows,), float("-inf"), **f32)
         s, sum_z, target = (torch.zeros(rows, **f32) for _ in range(3))
-        kernels.lse_block(z, labels, 0, m, s, sum_z, target, bool(smoothing))
+        fold(z, labels, 0, m, s, sum_z, target, bool(smoothing))
         lse = m + torch.log(s)
-        kernels.dlogits_block(z, z, labels, 0, lse, smoothing, vocab, row_scale)
+        gradient(z, z, labels, 0, lse, smoothing, vocab, row_scale)
         dz = z  # overwritten with its scaled gradient, in the compute dtype
     else:
         target = z.gather(1, labels.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1).float()

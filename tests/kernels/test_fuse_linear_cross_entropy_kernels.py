@@ -312,35 +312,63 @@ def test_with_grads_through_the_triton_kernels_equals_its_torch_path(monkeypatch
 
 
 @pytest.mark.skipif(not triton_installed(), reason="needs Triton")
-def test_triton_kernels_compile_for_sm80_and_sm90_without_spills():
+def test_at_gpt2s_vocabulary_the_kernels_compile_to_128_bit_accesses_without_spills():
+    """The calls as GPT-2's head makes them on CUDA: 50257 columns (odd), rows padded to 16
+    bytes (50264 bf16 or 50260 fp32 elements), the span the padded width. Specialized as
+    the JIT specializes those calls: aligned pointers, and no integer divisible by 16, so
+    only ALIGN (8 bf16 or 4 fp32 elements) tells the compiler the rows are aligned. Without
+    the span (the columns themselves, odd) every load and store was one element: 8 x 16-bit
+    loads for one 128-bit load (checked before the span existed)."""
     from fxopt.kernels import aot
 
-    module = "fxopt.kernels.fuse_linear_cross_entropy_triton"
-    specs = []
-    for name in ("bf16", "fp32"):
-        specs.append(aot.KernelSpec(
-            f"lce_lse_block {name}",
-            {"z_ptr": f"*{name}", "z_stride": "i32", "labels_ptr": "*i64", "m_ptr": "*fp32",
-             "s_ptr": "*fp32", "sumz_ptr": "*fp32", "target_ptr": "*fp32", "cols": "i32",
-             "v0": "i32", "SMOOTH": "constexpr", "BLOCK": "constexpr"},
-            {"SMOOTH": True, "BLOCK": 1024}, ("z_ptr", "z_stride", "m_ptr", "s_ptr", "cols"), 1024,
-            module=module, attr="_lse_block_kernel"))
-        specs.append(aot.KernelSpec(
-            f"lce_dlogits_block {name}",
-            {"z_ptr": f"*{name}", "z_stride": "i32", "p_ptr": f"*{name}", "p_stride": "i32",
-             "labels_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32", "cols": "i32",
-             "v0": "i32",
-             "smooth_each": "fp32", "hit": "fp32", "BLOCK": "constexpr"},
-            {"BLOCK": 1024}, ("z_ptr", "z_stride", "p_ptr", "p_stride", "cols"), 1024,
-            module=module, attr="_dlogits_block_kernel"))
+    specs = [s for name in ("bf16", "fp32") for s in aot.linear_cross_entropy_specs(name, 50257)]
     reports = aot.compile_specs(specs, archs=(80, 90))
     print("\n" + aot.format_table(reports))
     assert len(reports) == 8
     assert [p for r in reports for p in aot.problems(r)] == []
-    # a block whose width is a multiple of 16 is read in 128-bit loads, and the logits'
-    # gradients written in 128-bit stores
-    assert all(128 in r.loads for r in reports)
-    assert all(128 in r.stores for r in reports if "dlogits" in r.label)
+    # the logits in 128-bit loads (at most 4 scalar 32-bit ones: the row's label, state and
+    # scale; without the span: 12 in fp32, 8 x 16-bit in bf16), their gradients in 128-bit
+    # stores only
+    for r in reports:
+        assert 128 in r.loads and 16 not in r.loads and r.loads.get(32, 0) <= 4, r
+    assert all(set(r.stores) == {128} for r in reports if "dlogits" in r.label), reports
+
+
+@pytest.mark.skipif(not triton_runs_on("cpu"),
+                    reason="Triton kernels run on the CPU only with TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_span_reads_the_padding_to_no_effect_and_zeroes_its_gradient(dtype):
+    """Logits as a prefix of their padded product (131 of 136 columns), the padding full of
+    NaN and infinities: with the span, the state and the real columns' gradients equal the
+    references', and the padding's gradient is zero (the GEMMs that read it see zeros)."""
+    from fxopt.kernels import fuse_linear_cross_entropy_triton as kernels
+
+    generator = torch.Generator().manual_seed(2)
+    tokens, cols, padded, v0 = 5, 131, 136, 20
+    product = (3 * torch.randn(tokens, padded, generator=generator)).to(dtype)
+    product[:, cols:] = torch.tensor([float("nan"), float("inf"), -float("inf"), 7.0, 0.0],
+                                     dtype=dtype)
+    z = product[:, :cols]
+    labels = torch.randint(0, 160, (tokens,), generator=generator)
+    states = []
+    for fold, span in ((kernels.lse_block, padded), (lce.lse_block_reference, None)):
+        state = [torch.full((tokens,), 1.5), torch.full((tokens,), 2.0), torch.ones(tokens),
+                 torch.zeros(tokens)]
+        fold(z.clone() if span is None else z, labels, v0, *state, True,
+             **({} if span is None else {"span": span}))
+        states.append(state)
+    for got, want in zip(*states):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    lse, scale = torch.randn(tokens, generator=generator) + 5, torch.rand(tokens) * 3
+    want = torch.empty(tokens, cols)
+    lce.dlogits_block_reference(z, want, labels, v0, lse, 0.1, 1000, scale)
+    kernels.dlogits_block(z, z, labels, v0, lse, 0.1, 1000, scale, span=padded)
+    # bf16: the interpreter truncates fp32 to bf16 (a GPU rounds to nearest): one ulp
+    torch.testing.assert_close(z.float(), want, rtol=1e-6 if dtype == torch.float32
+                               else 2**-7, atol=1e-7)
+    assert (product[:, cols:] == 0).all()
+    with pytest.raises(ValueError, match="does not fit"):
+        kernels.lse_block(z, labels, v0, *states[0], True, span=padded + 1)
 
 
 class _GemmOperands(torch.utils._python_dispatch.TorchDispatchMode):
@@ -358,15 +386,23 @@ class _GemmOperands(torch.utils._python_dispatch.TorchDispatchMode):
         return out
 
 
+_TRITON_ON_CPU = pytest.mark.skipif(
+    not triton_runs_on("cpu"), reason="Triton kernels run on the CPU only with TRITON_INTERPRET=1")
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=_TRITON_ON_CPU)])
 @pytest.mark.parametrize("form", ["recompute", "with_grads"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_with_cudas_alignment_every_gemm_sees_aligned_row_strides(monkeypatch, form, bias):
+def test_with_cudas_alignment_every_gemm_sees_aligned_row_strides(monkeypatch, form, bias,
+                                                                   kernels):
     """cuBLAS runs a row stride that is no multiple of 16 bytes (GPT-2's 50257 logits) on
     align1 kernels, 6x slower on an H200 (benchmarks/results/gpu_check_h200_2026-11-27.md).
     With CUDA's alignment forced here, both forms pad W's rows: every matmul operand and
     result has a unit stride and a row stride of 4 fp32 elements' multiple, over an odd
-    vocabulary in odd blocks and chunks, and the loss and gradients stay eager's."""
+    vocabulary in odd blocks and chunks, and the loss and gradients stay eager's; with the
+    Triton kernels too (the interpreter), which read and write the padded rows whole."""
     monkeypatch.setattr(lce, "row_alignment", lambda device, itemsize: 16 // itemsize)
+    monkeypatch.setattr(lce, "uses_triton", lambda t, on=kernels == "triton": on)
     tokens, hidden, vocab = 23, 16, 131
     h, weight, b, labels = _inputs(tokens, hidden, vocab, bias)
     inputs = [t for t in (h, weight, b) if t is not None]
