@@ -102,6 +102,11 @@ def _transformers_model(name: str, hidden: int, seq: int, layers: int = 2,
     if name == "llama":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**small, num_key_value_heads=2,
                                                   max_position_embeddings=2 * seq))
+    if name in ("gemma", "olmo2"):  # RMSNorms ending in a no-op cast (tempo's aliases)
+        config = (tf.GemmaConfig if name == "gemma" else tf.Olmo2Config)(
+            **small, num_key_value_heads=2, head_dim=hidden // 2,
+            max_position_embeddings=2 * seq)
+        return (tf.GemmaForCausalLM if name == "gemma" else tf.Olmo2ForCausalLM)(config)
     if name == "t5":
         return tf.T5ForConditionalGeneration(tf.T5Config(
             vocab_size=97, d_model=hidden, d_kv=hidden // 2, d_ff=2 * hidden, num_layers=layers,

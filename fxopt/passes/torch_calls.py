@@ -42,6 +42,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
     "rsqrt": ((torch.rsqrt,), ("rsqrt",)),
     "cast": ((), ("to", "type")),
     "float_cast": ((), ("float", "double", "half", "bfloat16")),
+    "type_as": ((), ("type_as",)),
     # reductions, norms, softmax, dropout
     "mean": ((torch.mean,), ("mean",)),
     "layer_norm": ((F.layer_norm, torch.layer_norm), ()),

@@ -38,7 +38,7 @@ from fxopt._compat import tree_leaves
 from fxopt.kernels import tempo as _tempo_ops  # noqa: F401  (registers the ops)
 from fxopt.kernels.tempo.fusible import fusible_form
 from fxopt.passes.base import PassContext, PassResult, RewriteCounter, Verdicts
-from fxopt.passes.tempo.graph import kept_by_neighbour
+from fxopt.passes.tempo.graph import cast_by_savers, drop_noop_casts, kept_by_neighbour
 from fxopt.passes.tempo.sites import MATCHERS, Site
 
 __all__ = ["rewrite_sites", "tempo"]
@@ -103,6 +103,11 @@ def _refusal(site: Site) -> str | None:
 
 
 def _rewrite(graph: fx.Graph, site: Site, target: Any) -> None:
+    if site.cast is not None:
+        # the users that keep their own cast, reached without the no-op casts between
+        # (a Gemma RMSNorm's fp32 type_as would turn the cast back into fp32)
+        drop_noop_casts(site.result)
+        site.cast = (site.cast[0], cast_by_savers(site.result)[1], site.cast[2])
     with graph.inserting_before(site.insert_before):
         op = graph.call_function(target, site.args)
         value = graph.call_function(operator.getitem, (op, 0))

@@ -1,6 +1,11 @@
 """What tempo's matchers ask of Dynamo's torch-level graph beyond the shared vocabulary
 (:mod:`fxopt.passes.torch_calls`): a node's only user, a binary op's number operand, and
-whether a node's value is kept for backward by a neighbour."""
+whether a node's value is kept for backward by a neighbour.
+
+A neighbour is reached through the calls that return their input's very tensor: views, and
+casts to the dtype (device, layout) the value already has, which return it unchanged, as
+Gemma's and OLMo 2's RMSNorms end (``output.type_as(x)``, ``.to(input_dtype)``), a no-op
+in fp32 and under autocast, where the residual stream is fp32."""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ import torch.fx as fx
 
 from fxopt.passes.torch_calls import example_tensor, is_call
 
-__all__ = ["cast_by_savers", "constant_operand", "kept_by_neighbour", "only_user"]
+__all__ = ["cast_by_savers", "constant_operand", "drop_noop_casts", "is_alias",
+           "kept_by_neighbour", "only_user"]
 
 # Ops that keep an input for backward when the other operand needs a gradient: a Linear
 # keeps its input for dW, a matmul each operand for the other's gradient.
@@ -27,6 +33,38 @@ _SAVERS: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...] = (
 # Ops whose output shares its input's memory (a saver of the view keeps the same tensor).
 _VIEWS = ("view", "reshape", "transpose", "permute", "flatten", "unsqueeze", "squeeze",
           "view_as", "t", "expand")
+
+
+def is_alias(user: fx.Node, value: fx.Node) -> bool:
+    """Whether ``user`` returns ``value``'s own tensor (or a view of it): a view, basic
+    indexing, or a cast to what ``value`` already is (same dtype, device and strides, no
+    ``copy=True``), which returns its input."""
+    if not user.args or user.args[0] is not value:
+        return False
+    if is_call(user, *_VIEWS) or _is_basic_indexing(user):
+        return True
+    if not is_call(user, "cast", "float_cast", "type_as") or user.kwargs.get("copy"):
+        return False
+    before, after = example_tensor(value), example_tensor(user)
+    return before is not None and after is not None and (
+        before.dtype, before.device, before.stride()) == (after.dtype, after.device,
+                                                          after.stride())
+
+
+def drop_noop_casts(node: fx.Node) -> None:
+    """Erase the casts among ``node``'s aliases that return their input (:func:`is_alias`),
+    their users reading that input: no value changes. Tempo does this before it hands a
+    low-precision cast to those users, where a no-op fp32 cast would convert it back."""
+    for user in list(node.users):
+        if not is_alias(user, node):
+            continue
+        if is_call(user, *_VIEWS) or _is_basic_indexing(user):
+            drop_noop_casts(user)
+        else:
+            user.replace_all_uses_with(node)
+            user.graph.erase_node(user)
+            drop_noop_casts(node)
+            return
 
 
 def only_user(node: fx.Node) -> fx.Node | None:
@@ -44,7 +82,7 @@ def constant_operand(node: fx.Node) -> tuple[float | None, Any]:
 
 
 def kept_by_neighbour(node: fx.Node) -> bool:
-    """Whether some consumer of ``node``'s value (through views) keeps that very tensor for
+    """Whether some consumer of ``node``'s value (through its aliases) keeps that very tensor for
     backward: a Linear or matmul that computes in its dtype (under autocast a Linear keeps
     its own low-precision copy instead, which does not count)."""
     value = example_tensor(node)
@@ -55,9 +93,8 @@ def kept_by_neighbour(node: fx.Node) -> bool:
             if user in seen:
                 continue
             seen.add(user)
-            if is_call(user, *_VIEWS) or _is_basic_indexing(user):
-                if user.args and user.args[0] is current:
-                    pending.append(user)
+            if is_alias(user, current):
+                pending.append(user)
                 continue
             for names, positions in _SAVERS:
                 if not is_call(user, *names):
@@ -71,7 +108,7 @@ def kept_by_neighbour(node: fx.Node) -> bool:
 
 def cast_by_savers(node: fx.Node) -> tuple[torch.dtype, list[fx.Node]] | None:
     """Under autocast: (the low-precision dtype, the users of ``node``) where those users,
-    directly or through views, are all Linears or matmuls that compute in that dtype from
+    directly or through aliases, are all Linears or matmuls that compute in that dtype from
     ``node``'s fp32 value, and so each keep their own cast of it for backward. Given the
     cast itself they compute the same values and keep that one tensor. None where no user
     is such (or they compute in different dtypes); the other users take the value as is."""
@@ -89,9 +126,9 @@ def cast_by_savers(node: fx.Node) -> tuple[torch.dtype, list[fx.Node]] | None:
 
 def _saver_dtype(user: fx.Node, value: fx.Node) -> torch.dtype | None:
     """The low-precision dtype ``user`` computes in from ``value`` (itself a saver of it, or
-    a view of it whose users all are, in one dtype), else None."""
-    if is_call(user, *_VIEWS) or _is_basic_indexing(user):
-        if not user.args or user.args[0] is not value or not user.users:
+    an alias of it (:func:`is_alias`) whose users all are, in one dtype), else None."""
+    if is_alias(user, value):
+        if not user.users:
             return None
         dtypes = {_saver_dtype(u, user) for u in user.users}
         return dtypes.pop() if len(dtypes) == 1 else None

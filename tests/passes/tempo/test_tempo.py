@@ -46,6 +46,18 @@ def _llama_rms_norm(dim):
     return LlamaRMSNorm(dim)
 
 
+def _gemma_rms_norm(dim):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    return GemmaRMSNorm(dim)
+
+
+def _olmo2_rms_norm(dim):
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    return Olmo2RMSNorm(dim)
+
+
 def _new_gelu(_dim):
     from transformers.activations import NewGELUActivation
 
@@ -65,6 +77,9 @@ class _FunctionalLayerNorm(nn.LayerNorm):
     pytest.param(_FunctionalLayerNorm, "layer_norm", id="f_layer_norm"),
     pytest.param(nn.RMSNorm, "rms_norm", id="rms_norm"),
     pytest.param(_llama_rms_norm, "rms_norm", id="llama_rms_norm", marks=needs_transformers),
+    # both end in a cast to the input's dtype (a no-op here) after the weight
+    pytest.param(_gemma_rms_norm, "rms_norm", id="gemma_rms_norm", marks=needs_transformers),
+    pytest.param(_olmo2_rms_norm, "rms_norm", id="olmo2_rms_norm", marks=needs_transformers),
 ])
 def test_each_site_kind_is_rewritten_and_matches_eager(middle, kind):
     torch.manual_seed(0)
@@ -117,6 +132,35 @@ def test_sites_that_would_not_save_memory_are_left_alone():
     assert record.verdicts.reasons() == {
         "gelu: output not kept by a neighbour (no saving)": 1,
         "layer_norm: output not kept by a neighbour (no saving)": 1}
+
+
+class GeluThenCast(nn.Module):
+    """GELU followed by ``cast``; a cast that returns its input (to the dtype the value
+    has) leaves the next Linear keeping GELU's output, a real one does not."""
+
+    def __init__(self, cast):
+        super().__init__()
+        self.cast = cast
+
+    def forward(self, x):
+        return self.cast(F.gelu(x))
+
+
+@pytest.mark.parametrize("cast, rewritten", [
+    (lambda y: y.to(torch.float32), True),
+    (lambda y: y.float().view(-1, 37).view(3, 5, 37), True),
+    (lambda y: y.double().float(), False),
+    (lambda y: y.to(torch.float32, copy=True), False),
+], ids=["no_op_to", "no_op_float_and_views", "round_trip", "copy"])
+def test_only_casts_that_return_their_input_reach_the_neighbour(cast, rewritten):
+    torch.manual_seed(0)
+    comparison = assert_same_as_eager(Sandwich(GeluThenCast(cast)), (torch.randn(3, 5, 13),),
+                                      TEMPO, tolerances={torch.float32: (1e-4, 2e-4)})
+    assert comparison.fired("tempo") is rewritten
+    if not rewritten:
+        (record,) = [r for r in comparison.passes if r.name == "tempo"]
+        assert record.verdicts.reasons() == {
+            "gelu: output not kept by a neighbour (no saving)": 1}
 
 
 def test_rewrite_limit_bisects_sites():

@@ -58,13 +58,27 @@ class LlamaRMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-class RmsBlock(NormBlock):
-    """NormBlock with an RMSNorm: Llama's formula (whose output only Linears read, as in
-    Llama: q/k/v and gate/up), or ``nn.RMSNorm`` also feeding a residual add."""
+class GemmaRMSNorm(LlamaRMSNorm):
+    """transformers' Gemma RMSNorm as written there: the weight applied as ``1 + weight``
+    in fp32, then ``type_as`` the input, a cast to the dtype the value already has (fp32:
+    the residual stream under autocast) that returns its input."""
 
-    def __init__(self, residual: bool):
-        super().__init__(residual)
-        self.norm = nn.RMSNorm(DIM, eps=1e-6) if residual else LlamaRMSNorm(DIM)
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+
+class RmsBlock(NormBlock):
+    """NormBlock with an RMSNorm: Llama's or Gemma's formula (whose output only Linears
+    read, as in those models: q/k/v and gate/up), or ``nn.RMSNorm`` also feeding a residual
+    add."""
+
+    def __init__(self, norm: str):
+        super().__init__(residual=norm == "rms_norm")
+        self.norm = {"rms_norm": lambda: nn.RMSNorm(DIM, eps=1e-6),
+                     "llama": lambda: LlamaRMSNorm(DIM), "gemma": lambda: GemmaRMSNorm(DIM)
+                     }[norm]()
 
 
 def _run(model, x, options):
@@ -126,21 +140,24 @@ def test_layer_norm_under_autocast_keeps_its_cast_under_inductor():
 RMS_BF16_BOUND = 2 * 2 ** -8 + 2 ** -7
 
 
-@pytest.mark.parametrize("codegen,residual", [("fx", False), ("fx", True), ("inductor", False)],
-                         ids=["fx-llama_formula", "fx-rms_norm_fp32_and_cast",
-                              "inductor-llama_formula"])
-def test_rms_norm_under_autocast_keeps_its_cast(codegen, residual):
-    """Llama's RMSNorm under bf16 autocast: its fp32 output is kept by the next Linear only
-    as that Linear's bf16 cast, so tempo keeps the cast and rstd in place of the fp32
-    input (the residual stream). On main the site was declined (no neighbour keeps the fp32
-    output)."""
+@pytest.mark.parametrize("codegen,norm", [("fx", "llama"), ("fx", "gemma"), ("fx", "rms_norm"),
+                                         ("inductor", "llama"), ("inductor", "gemma")],
+                         ids=["fx-llama_formula", "fx-gemma_formula", "fx-rms_norm_fp32_and_cast",
+                              "inductor-llama_formula", "inductor-gemma_formula"])
+def test_rms_norm_under_autocast_keeps_its_cast(codegen, norm):
+    """Llama's and Gemma's RMSNorms under bf16 autocast: the fp32 output is kept by the
+    next Linear only as that Linear's bf16 cast, so tempo keeps the cast and rstd in place
+    of the fp32 input (the residual stream). On main the site was declined (no neighbour
+    keeps the fp32 output); Gemma's until its closing fp32 ``type_as`` counted as what it
+    is, the value itself."""
     torch.manual_seed(0)
-    model = BF16Autocast(RmsBlock(residual))
+    model = BF16Autocast(RmsBlock(norm))
     x = torch.randn(4, 16, DIM)
     record, cut, backend = _check(model, x, {"codegen": codegen, "strict": True},
                                   RMS_BF16_BOUND)
     assert record.verdicts.counts() == {"rms_norm": 1}
     assert [g.every_fallback() for g in backend.graphs] == [[]]
+    residual = norm == "rms_norm"
     rows = 4 * 16
     predicted = record.verdicts.matched["rms_norm"].bytes
     # eager keeps the fp32 input and rstd (the formula also the normalized input, which
