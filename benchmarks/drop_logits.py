@@ -1,5 +1,5 @@
-"""fxopt.drop_logits on transformers GPT-2 or Llama compiled as users compile them
-(``torch.compile(model)``, the step ``model(ids, labels=ids).loss.backward()``): the step's
+"""fxopt.drop_logits on transformers GPT-2, Llama, Cohere or BART compiled as users compile
+them (``torch.compile(model)``, the step ``model(ids, labels=ids).loss.backward()``): the step's
 measured peak and time with the logits returned and dropped, under plain Inductor and under
 fxopt with the fused loss, in one process.
 
@@ -46,7 +46,7 @@ def _compiled(config: str, model: nn.Module, codegen: str) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+    parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "cohere", "bart"])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=7)

@@ -51,6 +51,16 @@ def build(name: str, positions: int = 128) -> nn.Module:
         config = transformers.GPT2Config(vocab_size=50257, n_positions=positions, n_embd=128,
                                          n_layer=2, n_head=2)
         return transformers.GPT2LMHeadModel(config)
+    if name == "cohere":  # its logits scaled by logit_scale; Command R's vocabulary
+        return transformers.CohereForCausalLM(transformers.CohereConfig(
+            vocab_size=256000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, intermediate_size=256, max_position_embeddings=positions,
+            logit_scale=0.0625))
+    if name == "bart":  # final_logits_bias added to its logits; BART's vocabulary
+        return transformers.BartForConditionalGeneration(transformers.BartConfig(
+            vocab_size=50265, d_model=128, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=256,
+            decoder_ffn_dim=256, max_position_embeddings=positions))
     config = transformers.LlamaConfig(vocab_size=32000, hidden_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=4,
                                       intermediate_size=256,

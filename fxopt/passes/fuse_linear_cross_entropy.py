@@ -6,7 +6,10 @@ a Linear's or a matmul's output, reached through what transformers' ``ForCausalL
 hand-written losses put between them (the upcast ``.float()`` / ``.to(torch.float32)``,
 ``view``/``reshape``/``flatten`` to (tokens, vocabulary), ``contiguous``, the old shift's
 ``logits[..., :-1, :]``): ``F.linear(h, W, b)``, ``h @ W.T`` / ``h @ W.t()`` /
-``torch.matmul(h, W.transpose(0, 1))`` (+ b). It replaces the loss by a custom op (one of
+``torch.matmul(h, W.transpose(0, 1))``, then optionally a bias added (one value per
+vocabulary entry: BART's ``final_logits_bias``) and numbers multiplied or divided by (Cohere's
+``logit_scale``, Granite's ``logits_scaling``), folded into the op's h and bias:
+``(h @ W.T + b) * s == (h * s) @ W.T + b * s``. It replaces the loss by a custom op (one of
 the two forms below), given h with the same token slicing and flattened to (tokens, hidden),
 so the graph never makes the logits (unless something else uses them: the Linear then stays
 for that user) nor keeps their log-probabilities for backward. Covered: ``ignore_index``,
@@ -27,7 +30,8 @@ backward: four matmuls, or one without a backward.
 Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
 the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
 targets, logits that are not (tokens, vocabulary) at the loss (class dim 1), logits that
-come from something other than a Linear or matmul (or reach the loss through another op),
+come from something other than a Linear or matmul (or reach the loss through another op,
+such as Gemma 2's tanh soft-capping; or a bias added to a Linear's own),
 a cast to another dtype than fp32 on the way, and fp64 (the op's reductions run in fp32).
 
 Verdicts: matched per product and form (``linear`` / ``matmul``, then :data:`FORMS`'s
@@ -88,6 +92,8 @@ class _Site(NamedTuple):
     removed_bytes: int
     wanted_grads: tuple[bool, bool, bool]  # of h, W, b: whose example values need one
     grads_in_forward: bool     # the with-grads form (module doc), else logits recomputed
+    scale: float               # a number the logits are multiplied by: folded into h
+    bias_scale: float          # the part of it applied after the bias: folded into b
 
 
 def _constant_arguments(ce: fx.Node) -> tuple[fx.Node, int, float, str]:
@@ -161,7 +167,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
     if targets is None or targets.dtype != torch.int64 or targets.dim() != 1:
         raise _Decline("targets that are not int64 class indices of one dim")
     vocab = value.shape[-1]
-    chain, indices, node, bias = [], [], logits, None
+    chain, indices, node, added, scale = [], [], logits, None, 1.0
     while True:
         current = example_tensor(node)
         if is_call(node, "linear"):
@@ -169,32 +175,39 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
             transpose = False
             break
         if is_call(node, "matmul", "mm"):
-            h, (weight, transpose) = node.args[0], _weight_of(node.args[1])
+            h, (weight, transpose), bias = node.args[0], _weight_of(node.args[1]), None
             break
         if current is None or current.shape[-1] != vocab:
             raise _Decline(f"logits reach the loss through {_name(node)}")
-        if is_call(node, "add") and len(node.args) == 2 and is_call(node.args[0], "matmul",
-                                                                      "mm"):
-            candidate = example_tensor(node.args[1])
-            if candidate is None or candidate.dim() != 1 or node.kwargs:
-                raise _Decline("logits reach the loss through an add that is not a bias")
-            bias = node.args[1]
+        source = node.args[0] if node.args else None  # a placeholder has none
+        if is_call(node, "add"):
+            if added is not None:
+                raise _Decline("logits reach the loss through two additions")
+            source, added = _bias_add(node, vocab)
+            added = (added, scale)
+        elif (scaled := _scaled(node)) is not None:
+            source, factor = scaled
+            scale *= factor
         elif is_call(node, "float_cast", "cast"):
-            source = example_tensor(node.args[0])
+            source_value = example_tensor(source)
             if current.dtype != torch.float32:
                 raise _Decline(f"the logits are cast to {current.dtype} before the loss")
-            if source is None or source.device != current.device:
+            if source_value is None or source_value.device != current.device:
                 raise _Decline("the logits move to another device before the loss")
         elif is_call(node, *_RESHAPES):
-            source = example_tensor(node.args[0])
-            if source is None or source.shape[-1] != vocab:
+            source_value = example_tensor(source)
+            if source_value is None or source_value.shape[-1] != vocab:
                 raise _Decline("a view of the logits that mixes their last dim")
         elif (index := _token_index(node, vocab)) is not None:
             indices.insert(0, index)
         else:
             raise _Decline(f"logits come from {_name(node)}, not a Linear or matmul")
         chain.append(node)
-        node = node.args[0]
+        node = source
+    if added is not None and bias is not None:
+        raise _Decline("a bias added to the logits of a Linear with its own bias")
+    if added is not None:
+        bias = added[0]
     product = example_tensor(node)
     h_value, w_value = example_tensor(h), example_tensor(weight)
     if product is None or h_value is None or w_value is None or w_value.dim() != 2 or \
@@ -203,7 +216,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
     rows, columns = reversed(w_value.shape) if transpose else w_value.shape
     b_value = example_tensor(bias) if bias is not None else None
     if rows != vocab or columns != h_value.shape[-1] or (bias is not None and (
-            b_value is None or tuple(b_value.shape) != (vocab,))):
+            b_value is None or b_value.numel() != vocab or b_value.shape[-1] != vocab)):
         raise _Decline("a weight or bias whose shape is not the vocabulary's")
     if torch.float64 in (product.dtype, out.dtype):
         raise _Decline("fp64 (the op's reductions run in fp32)")
@@ -214,9 +227,46 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
               b_value.requires_grad)
     in_forward = grads_in_forward(tokens, hidden, vocab, wanted, product.dtype, hardware,
                                   fused_accumulate)
+    bias_scale = scale if added is None else added[1]
     return _Site(ce, node, chain, h, weight, transpose, bias, indices,
                  (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
-                 removed, wanted, in_forward)
+                 removed, wanted, in_forward, scale, bias_scale)
+
+
+def _bias_add(node: fx.Node, vocab: Any) -> tuple[fx.Node, fx.Node]:
+    """(the logits, the bias) of ``logits + bias``, a bias being one value per vocabulary
+    entry (shape (vocab,), or (1, ..., vocab) as BART's ``final_logits_bias``)."""
+    if len(node.args) != 2 or node.kwargs or not all(isinstance(a, fx.Node)
+                                                      for a in node.args):
+        raise _Decline("logits reach the loss through an add that is not a bias")
+    shape = tuple(example_tensor(node).shape)
+    for logits, bias in (node.args, reversed(node.args)):
+        values = example_tensor(logits), example_tensor(bias)
+        if None in values:
+            continue
+        logits_value, bias_value = values
+        if tuple(logits_value.shape) == shape and bias_value.shape[-1] == vocab and \
+                bias_value.numel() == vocab:
+            return logits, bias
+    raise _Decline("logits reach the loss through an add that is not a bias")
+
+
+def _scaled(node: fx.Node) -> tuple[fx.Node, float] | None:
+    """(the logits, the factor) of ``logits * c``, ``c * logits`` or ``logits / c`` for a
+    number ``c`` (Cohere's ``logit_scale``, Granite's ``logits_scaling``); else None."""
+    if len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    number = (int, float)
+    if is_call(node, "mul"):
+        if isinstance(b, number) and not isinstance(b, bool) and isinstance(a, fx.Node):
+            return a, float(b)
+        if isinstance(a, number) and not isinstance(a, bool) and isinstance(b, fx.Node):
+            return b, float(a)
+    if is_call(node, "truediv") and isinstance(a, fx.Node) and isinstance(b, number) and \
+            not isinstance(b, bool) and b != 0:
+        return a, 1.0 / float(b)
+    return None
 
 
 def _name(node: Any) -> str:
@@ -241,9 +291,17 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
             rank += sum(i is None for i in items) - sum(type(i) is int for i in items)
         if rank > 2:
             h = graph.call_method("flatten", (h, 0, -2))
+        if site.scale != 1.0:  # (h @ W.T + b) * s == (h * s) @ W.T + b * s
+            h = graph.call_function(operator.mul, (h, site.scale))
+        bias = site.bias
+        if bias is not None and tuple(example_tensor(bias).shape) != (example_tensor(
+                bias).shape[-1],):
+            bias = graph.call_method("reshape", (bias, -1))
+        if bias is not None and site.bias_scale != 1.0:
+            bias = graph.call_function(operator.mul, (bias, site.bias_scale))
         weight = graph.call_function(torch.t, (site.weight,)) if site.transpose_weight \
             else site.weight
-        arguments = (h, weight, site.bias, labels, ignore_index, smoothing, reduction,
+        arguments = (h, weight, bias, labels, ignore_index, smoothing, reduction,
                      site.compute_dtype, site.out_dtype, 0)
         op = graph.call_function(
             torch.ops.fxopt.linear_cross_entropy_with_grads.default,

@@ -38,6 +38,7 @@ CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
     "mul": ((operator.mul, torch.mul), ("mul",)),
     "add": ((operator.add, torch.add), ("add",)),
     "sub": ((operator.sub, torch.sub), ("sub",)),
+    "truediv": ((operator.truediv, torch.div, torch.true_divide), ("div", "true_divide")),
     "pow": ((operator.pow, torch.pow), ("pow",)),
     "rsqrt": ((torch.rsqrt,), ("rsqrt",)),
     "cast": ((), ("to", "type")),

@@ -26,13 +26,15 @@ def _verdicts(comparison):
 class Head(nn.Module):
     """A hidden layer and an LM head whose loss is written by ``loss`` (logits -> loss)."""
 
-    def __init__(self, loss, bias=False, tied=False, vocab=V, hidden=H):
+    def __init__(self, loss, bias=False, tied=False, vocab=V, hidden=H, logits_bias=False):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.body = nn.Linear(hidden, hidden)
         self.head = nn.Linear(hidden, vocab, bias=bias)
         if tied:
             self.head.weight = self.embed.weight
+        if logits_bias:  # BART's final_logits_bias: a (1, vocab) buffer added to the logits
+            self.register_buffer("final_logits_bias", torch.randn(1, vocab))
         self.loss = loss
 
     def forward(self, tokens, labels):
@@ -72,6 +74,16 @@ def _transpose_matmul(m, h, y):
                            label_smoothing=0.1)
 
 
+def _added_bias(m, h, y):  # BART: the buffer added after the head, moved to the logits' device
+    logits = m.head(h) + m.final_logits_bias.to(h.device)
+    return F.cross_entropy(logits.view(-1, _vocab(m)), y.view(-1))
+
+
+def _scaled_around_bias(m, h, y):  # numbers on both sides of the added bias, one a divisor
+    logits = (2.0 * m.head(h) + m.final_logits_bias) / 3.0
+    return F.cross_entropy(logits.float().view(-1, _vocab(m)), y.view(-1))
+
+
 def _labels(batch=3, seq=7, ignored=True, vocab=V):
     labels = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
     if ignored:
@@ -89,6 +101,13 @@ VARIANTS = {
     "transpose matmul": (_transpose_matmul, {}),
     "bias": (_flat_ce(), {"bias": True}),
     "tied embeddings": (_flat_ce(), {"tied": True}),
+    # folded into the op's h and bias: (h @ W.T + b) * s == (h * s) @ W.T + b * s
+    "scaled (Cohere's logit_scale)": (lambda m, h, y: F.cross_entropy(
+        (m.head(h) * 0.0625).float().view(-1, _vocab(m)), y.view(-1)), {}),
+    "divided, bias (Granite's logits_scaling)": (lambda m, h, y: F.cross_entropy(
+        (m.head(h) / 3.0).view(-1, _vocab(m)), y.view(-1)), {"bias": True}),
+    "added bias (BART's final_logits_bias)": (_added_bias, {"logits_bias": True}),
+    "scaled around an added bias": (_scaled_around_bias, {"logits_bias": True}),
 }
 
 
@@ -129,7 +148,7 @@ def _many_tokens(variant, frozen_head=False):
 @pytest.mark.parametrize("variant,frozen_head", [
     ("linear mean", False), ("ignore_index 5, smoothing, sum", False),
     ("matmul W.T + bias", False), ("transformers 5 shift, smoothing", False),
-    ("tied embeddings", False),
+    ("tied embeddings", False), ("scaled around an added bias", False),
     ("linear mean", True),  # fine-tuning with the head frozen: no W gradient made
 ])
 def test_many_tokens_take_the_gradients_in_the_forward_and_train_like_eager(variant,
@@ -219,8 +238,10 @@ DECLINED = {
                                                      weight=torch.ones(V)),
     "reduction='none'": lambda m, h, y: F.cross_entropy(m.head(h).view(-1, V), y.view(-1),
                                                         reduction="none").sum(),
-    "logits come from": lambda m, h, y: F.cross_entropy(
-        (m.head(h) * 2).view(-1, V), y.view(-1)),
+    "logits come from call_function tanh": lambda m, h, y: F.cross_entropy(  # soft-capping
+        (torch.tanh(m.head(h) / 30.0) * 30.0).view(-1, V), y.view(-1)),
+    "a bias added to the logits of a Linear with its own bias": lambda m, h, y: (
+        F.cross_entropy((m.head(h) + m.final_logits_bias).view(-1, V), y.view(-1))),
     "cast to torch.bfloat16": lambda m, h, y: F.cross_entropy(
         m.head(h).view(-1, V).bfloat16(), y.view(-1)),
     "not (tokens, vocabulary)": lambda m, h, y: F.cross_entropy(
@@ -232,8 +253,9 @@ DECLINED = {
 def test_declined_with_reason(reason):
     torch.manual_seed(0)
     labels = _labels(ignored=False)
-    comparison = assert_same_as_eager(Head(DECLINED[reason]), (torch.randint(0, V, (3, 7)),
-                                                               labels), ON,
+    two_biases = reason.startswith("a bias added")
+    model = Head(DECLINED[reason], bias=two_biases, logits_bias=two_biases)
+    comparison = assert_same_as_eager(model, (torch.randint(0, V, (3, 7)), labels), ON,
                                       tolerances={torch.bfloat16: (2e-2, 2e-2)})
     assert not comparison.fired(PASS)
     (declined,) = _verdicts(comparison)[0].reasons()
