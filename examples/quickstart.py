@@ -8,8 +8,8 @@ The model learns a synthetic task (each token predicts the next one of a repeati
 pattern), so the loss visibly falls. By default it trains with Tempo's memory-lean layers
 and a memory budget of 70% of the activation memory plain autograd keeps (the planner
 picks which saved activations to recompute), with fxopt's default code generator
-(codegen="auto": with Tempo on, fx on the CPU and Inductor on CUDA; the explain report
-says which ran and why; Tempo and the budget work under both). At the end it prints
+(codegen="auto": Inductor, on the CPU as on CUDA, with Tempo's fusible forms; the explain
+report says which ran and why; Tempo and the budget work under fx too). At the end it prints
 fxopt's explain report: which graphs were captured, what each pass did, the plan, and the
 predicted memory of a training step with plain autograd and with fxopt.
 """
