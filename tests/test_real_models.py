@@ -1,6 +1,8 @@
 """Real models train under backend="fxopt" with outputs and every gradient equal to eager:
 tiny configs of transformers' GPT-2, BERT and Llama (random weights, built offline), a conv
-net and an LSTM language model, in training mode with dropout where the model has it."""
+net and an LSTM language model, in training mode with dropout where the model has it; and
+Gemma, Cohere and BART, whose norms and logits are written in ways the passes must see
+through (checked to fire)."""
 
 import pytest
 import torch
@@ -35,6 +37,48 @@ def llama():
                                       intermediate_size=64, max_position_embeddings=32,
                                       bos_token_id=0, eos_token_id=0)
     return transformers.LlamaForCausalLM(config)
+
+
+def gemma():
+    config = transformers.GemmaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      head_dim=8, intermediate_size=64,
+                                      max_position_embeddings=32)
+    return transformers.GemmaForCausalLM(config)
+
+
+def cohere():
+    config = transformers.CohereConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=64, max_position_embeddings=32,
+                                       logit_scale=0.0625)
+    return transformers.CohereForCausalLM(config)
+
+
+def bart():
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1,
+                                     decoder_layers=1, encoder_attention_heads=4,
+                                     decoder_attention_heads=4, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, max_position_embeddings=32)
+    return transformers.BartForConditionalGeneration(config)
+
+
+# What each model puts around the passes' sites, as transformers writes it: Gemma's RMSNorm
+# ends in a no-op type_as (tempo), Cohere scales its logits, BART adds final_logits_bias
+# (the fused loss folds both into its op).
+@pytest.mark.parametrize("build, fired", [
+    (gemma, {"tempo", "fuse_linear_cross_entropy"}),
+    (cohere, {"fuse_linear_cross_entropy"}),
+    (bart, {"tempo", "fuse_linear_cross_entropy"})], ids=["gemma", "cohere", "bart"])
+def test_transformers_sites_as_written_fire_and_train_like_eager(build, fired):
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    comparison = assert_same_as_eager(
+        build().train(), (), {"codegen": "fx", "tempo": True, "strict": True,
+                              "fuse_linear_cross_entropy": True},
+        kwargs={"input_ids": ids, "labels": ids, "use_cache": False}, steps=2)
+    assert {name for name in ("tempo", "fuse_linear_cross_entropy")
+            if comparison.fired(name)} == fired
 
 
 # Every model with fx code generation; one with Inductor covers that path (CI minutes).
