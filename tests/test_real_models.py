@@ -31,28 +31,24 @@ def bert():
     return transformers.BertForMaskedLM(config)
 
 
+def _causal_lm(kind, **extra):
+    """transformers' ``{kind}ForCausalLM`` at a tiny Llama-like size."""
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32, **extra)
+    return getattr(transformers, f"{kind}ForCausalLM")(config)
+
+
 def llama():
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=64, max_position_embeddings=32,
-                                      bos_token_id=0, eos_token_id=0)
-    return transformers.LlamaForCausalLM(config)
+    return _causal_lm("Llama", bos_token_id=0, eos_token_id=0)
 
 
 def gemma():
-    config = transformers.GemmaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=8, intermediate_size=64,
-                                      max_position_embeddings=32)
-    return transformers.GemmaForCausalLM(config)
+    return _causal_lm("Gemma", head_dim=8)
 
 
 def cohere():
-    config = transformers.CohereConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2,
-                                       intermediate_size=64, max_position_embeddings=32,
-                                       logit_scale=0.0625)
-    return transformers.CohereForCausalLM(config)
+    return _causal_lm("Cohere", logit_scale=0.0625)
 
 
 def bart():
