@@ -22,6 +22,7 @@ from fxopt.kernels.tempo.norm import guard_capacity
 from fxopt.passes.tempo.graph import (
     cast_by_savers,
     constant_operand,
+    is_alias,
     kept_by_neighbour,
     only_user,
 )
@@ -191,7 +192,8 @@ def _rms_norm_site(replaced: list[fx.Node], result: fx.Node, args: tuple[Any, ..
 def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
     """Llama's hand-written RMSNorm, matched from its rsqrt:
     ``weight * (h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)`` with
-    ``h = x.to(float32)``; the casts and the weight are optional."""
+    ``h = x.to(float32)``; the casts and the weight are optional, and T5's
+    ``x * rsqrt(...)`` is the same where ``x`` is already fp32."""
     if not is_call(node, "rsqrt") or not is_call(node.args[0], "add"):
         return None
     eps, mean = constant_operand(node.args[0])
@@ -202,7 +204,11 @@ def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
             or arg(mean, 2, "keepdim", False) is not True:
         return None
     scaled = only_user(node)
-    if not is_call(scaled, "mul") or set(scaled.args) != {h, node}:
+    if not is_call(scaled, "mul") or node not in scaled.args:
+        return None
+    normalized = next((a for a in scaled.args if a is not node), node)
+    # T5 normalizes the uncast input: the same value where the fp32 cast is a no-op
+    if normalized is not h and not (isinstance(normalized, fx.Node) and is_alias(h, normalized)):
         return None
     replaced = [square, mean, node.args[0], node, scaled]
     x = h

@@ -58,6 +58,12 @@ def _olmo2_rms_norm(dim):
     return Olmo2RMSNorm(dim)
 
 
+def _t5_layer_norm(dim):
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    return T5LayerNorm(dim)
+
+
 def _new_gelu(_dim):
     from transformers.activations import NewGELUActivation
 
@@ -80,6 +86,8 @@ class _FunctionalLayerNorm(nn.LayerNorm):
     # both end in a cast to the input's dtype (a no-op here) after the weight
     pytest.param(_gemma_rms_norm, "rms_norm", id="gemma_rms_norm", marks=needs_transformers),
     pytest.param(_olmo2_rms_norm, "rms_norm", id="olmo2_rms_norm", marks=needs_transformers),
+    # normalizes x itself, its fp32 cast (a no-op here) only squared
+    pytest.param(_t5_layer_norm, "rms_norm", id="t5_layer_norm", marks=needs_transformers),
 ])
 def test_each_site_kind_is_rewritten_and_matches_eager(middle, kind):
     torch.manual_seed(0)
