@@ -55,7 +55,7 @@ from fxopt import _compat
 from fxopt.kernels import fuse_linear_cross_entropy as _ops  # registers the ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
-from fxopt.passes.torch_calls import arg, example_tensor, is_call
+from fxopt.passes.torch_calls import arg, constant_operand, example_tensor, is_call
 from fxopt.planner import forms
 from fxopt.planner.hardware import CPU_DEFAULT, HardwareProfile, profile_for
 
@@ -167,7 +167,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
     if targets is None or targets.dtype != torch.int64 or targets.dim() != 1:
         raise _Decline("targets that are not int64 class indices of one dim")
     vocab = value.shape[-1]
-    chain, indices, node, added, scale = [], [], logits, None, 1.0
+    chain, indices, node, added, scale, bias_scale = [], [], logits, None, 1.0, None
     while True:
         current = example_tensor(node)
         if is_call(node, "linear"):
@@ -184,7 +184,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
             if added is not None:
                 raise _Decline("logits reach the loss through two additions")
             source, added = _bias_add(node, vocab)
-            added = (added, scale)
+            bias_scale = scale  # the part of the scale applied after the bias
         elif (scaled := _scaled(node)) is not None:
             source, factor = scaled
             scale *= factor
@@ -207,7 +207,9 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
     if added is not None and bias is not None:
         raise _Decline("a bias added to the logits of a Linear with its own bias")
     if added is not None:
-        bias = added[0]
+        bias = added
+    else:
+        bias_scale = scale
     product = example_tensor(node)
     h_value, w_value = example_tensor(h), example_tensor(weight)
     if product is None or h_value is None or w_value is None or w_value.dim() != 2 or \
@@ -227,7 +229,6 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
               b_value.requires_grad)
     in_forward = grads_in_forward(tokens, hidden, vocab, wanted, product.dtype, hardware,
                                   fused_accumulate)
-    bias_scale = scale if added is None else added[1]
     return _Site(ce, node, chain, h, weight, transpose, bias, indices,
                  (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
                  removed, wanted, in_forward, scale, bias_scale)
@@ -256,16 +257,13 @@ def _scaled(node: fx.Node) -> tuple[fx.Node, float] | None:
     number ``c`` (Cohere's ``logit_scale``, Granite's ``logits_scaling``); else None."""
     if len(node.args) != 2 or node.kwargs:
         return None
-    a, b = node.args
-    number = (int, float)
+    number, logits = constant_operand(node)
+    if number is None or not isinstance(logits, fx.Node):
+        return None
     if is_call(node, "mul"):
-        if isinstance(b, number) and not isinstance(b, bool) and isinstance(a, fx.Node):
-            return a, float(b)
-        if isinstance(a, number) and not isinstance(a, bool) and isinstance(b, fx.Node):
-            return b, float(a)
-    if is_call(node, "truediv") and isinstance(a, fx.Node) and isinstance(b, number) and \
-            not isinstance(b, bool) and b != 0:
-        return a, 1.0 / float(b)
+        return logits, number
+    if is_call(node, "truediv") and logits is node.args[0] and number != 0:
+        return logits, 1.0 / number
     return None
 
 
@@ -294,8 +292,7 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
         if site.scale != 1.0:  # (h @ W.T + b) * s == (h * s) @ W.T + b * s
             h = graph.call_function(operator.mul, (h, site.scale))
         bias = site.bias
-        if bias is not None and tuple(example_tensor(bias).shape) != (example_tensor(
-                bias).shape[-1],):
+        if bias is not None and example_tensor(bias).dim() != 1:  # (1, ..., vocab)
             bias = graph.call_method("reshape", (bias, -1))
         if bias is not None and site.bias_scale != 1.0:
             bias = graph.call_function(operator.mul, (bias, site.bias_scale))

@@ -7,6 +7,7 @@ operator (``a * b``), a tensor method (``x.sigmoid()``), or the C binding a func
 resolves to (``F.linear`` is recorded as ``torch._C._nn.linear``, named by
 :mod:`fxopt._compat`). :data:`CALLS` names each operation once with all its spellings and
 :func:`is_call` accepts any of them; :func:`arg` reads an argument by position or keyword,
+:func:`constant_operand` a binary op's number operand,
 and :func:`example_value` / :func:`example_tensor` the fake value Dynamo recorded
 (``node.meta["example_value"]``). A pass that needs more (fuse_rnn refuses extra keyword
 arguments such as ``alpha=``) adds its rule on top.
@@ -26,8 +27,8 @@ import torch.nn.functional as F
 
 from fxopt import _compat
 
-__all__ = ["CALLS", "RNN_CALLS", "RnnCall", "arg", "example_tensor", "example_value",
-           "is_call", "rnn_call"]
+__all__ = ["CALLS", "RNN_CALLS", "RnnCall", "arg", "constant_operand", "example_tensor",
+           "example_value", "is_call", "rnn_call"]
 
 # operation -> (call_function targets, call_method names)
 CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
@@ -93,6 +94,16 @@ def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
     if index < len(node.args):
         return node.args[index]
     return node.kwargs.get(name, default)
+
+
+def constant_operand(node: fx.Node) -> tuple[float | None, Any]:
+    """For a binary op with one number operand: (the number, the other operand)."""
+    a, b = node.args[0], node.args[1] if len(node.args) > 1 else None
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return float(a), b
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        return float(b), a
+    return None, None
 
 
 def example_value(node: Any) -> Any:

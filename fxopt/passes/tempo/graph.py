@@ -1,6 +1,6 @@
 """What tempo's matchers ask of Dynamo's torch-level graph beyond the shared vocabulary
-(:mod:`fxopt.passes.torch_calls`): a node's only user, a binary op's number operand, and
-whether a node's value is kept for backward by a neighbour.
+(:mod:`fxopt.passes.torch_calls`): a node's only user, and whether a node's value is kept
+for backward by a neighbour.
 
 A neighbour is reached through the calls that return their input's very tensor: views, and
 casts to the dtype (device, layout) the value already has, which return it unchanged, as
@@ -10,14 +10,13 @@ in fp32 and under autocast, where the residual stream is fp32."""
 from __future__ import annotations
 
 import operator
-from typing import Any
 
 import torch
 import torch.fx as fx
 
 from fxopt.passes.torch_calls import example_tensor, is_call
 
-__all__ = ["cast_by_savers", "constant_operand", "drop_noop_casts", "is_alias",
+__all__ = ["cast_by_savers", "drop_noop_casts", "is_alias", "is_noop_cast",
            "kept_by_neighbour", "only_user"]
 
 # Ops that keep an input for backward when the other operand needs a gradient: a Linear
@@ -35,15 +34,11 @@ _VIEWS = ("view", "reshape", "transpose", "permute", "flatten", "unsqueeze", "sq
           "view_as", "t", "expand")
 
 
-def is_alias(user: fx.Node, value: fx.Node) -> bool:
-    """Whether ``user`` returns ``value``'s own tensor (or a view of it): a view, basic
-    indexing, or a cast to what ``value`` already is (same dtype, device and strides, no
-    ``copy=True``), which returns its input."""
-    if not user.args or user.args[0] is not value:
-        return False
-    if is_call(user, *_VIEWS) or _is_basic_indexing(user):
-        return True
-    if not is_call(user, "cast", "float_cast", "type_as") or user.kwargs.get("copy"):
+def is_noop_cast(user: fx.Node, value: fx.Node) -> bool:
+    """Whether ``user`` casts ``value`` to what it already is (same dtype, device and
+    strides, no ``copy=True``), and so returns ``value``'s own tensor."""
+    if not user.args or user.args[0] is not value or user.kwargs.get("copy") or \
+            not is_call(user, "cast", "float_cast", "type_as"):
         return False
     before, after = example_tensor(value), example_tensor(user)
     return before is not None and after is not None and (
@@ -51,34 +46,31 @@ def is_alias(user: fx.Node, value: fx.Node) -> bool:
                                                           after.stride())
 
 
+def is_alias(user: fx.Node, value: fx.Node) -> bool:
+    """Whether ``user`` returns ``value``'s own tensor or a view of it: a view, basic
+    indexing, or a no-op cast (:func:`is_noop_cast`)."""
+    if user.args and user.args[0] is value and (is_call(user, *_VIEWS) or
+                                                _is_basic_indexing(user)):
+        return True
+    return is_noop_cast(user, value)
+
+
 def drop_noop_casts(node: fx.Node) -> None:
-    """Erase the casts among ``node``'s aliases that return their input (:func:`is_alias`),
-    their users reading that input: no value changes. Tempo does this before it hands a
+    """Erase the no-op casts among ``node``'s aliases (:func:`is_noop_cast`), their users
+    reading the cast's input: no value changes. Tempo does this before it hands a
     low-precision cast to those users, where a no-op fp32 cast would convert it back."""
     for user in list(node.users):
-        if not is_alias(user, node):
-            continue
-        if is_call(user, *_VIEWS) or _is_basic_indexing(user):
-            drop_noop_casts(user)
-        else:
+        if is_noop_cast(user, node):
             user.replace_all_uses_with(node)
             user.graph.erase_node(user)
-            drop_noop_casts(node)
+            drop_noop_casts(node)  # the erased cast's users are now node's: visit them
             return
+        if is_alias(user, node):
+            drop_noop_casts(user)
 
 
 def only_user(node: fx.Node) -> fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
-
-
-def constant_operand(node: fx.Node) -> tuple[float | None, Any]:
-    """For a binary op with one number operand: (the number, the other operand)."""
-    a, b = node.args[0], node.args[1] if len(node.args) > 1 else None
-    if isinstance(a, (int, float)) and not isinstance(a, bool):
-        return float(a), b
-    if isinstance(b, (int, float)) and not isinstance(b, bool):
-        return float(b), a
-    return None, None
 
 
 def kept_by_neighbour(node: fx.Node) -> bool:

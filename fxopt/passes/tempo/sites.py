@@ -19,14 +19,8 @@ import torch.fx as fx
 from fxopt.analysis.shapes import nbytes, numel
 from fxopt.kernels.tempo.bitmask import packed_size
 from fxopt.kernels.tempo.norm import guard_capacity
-from fxopt.passes.tempo.graph import (
-    cast_by_savers,
-    constant_operand,
-    is_alias,
-    kept_by_neighbour,
-    only_user,
-)
-from fxopt.passes.torch_calls import arg, example_tensor, is_call
+from fxopt.passes.tempo.graph import cast_by_savers, is_noop_cast, kept_by_neighbour, only_user
+from fxopt.passes.torch_calls import arg, constant_operand, example_tensor, is_call
 
 __all__ = ["Site", "MATCHERS"]
 
@@ -208,7 +202,8 @@ def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
         return None
     normalized = next((a for a in scaled.args if a is not node), node)
     # T5 normalizes the uncast input: the same value where the fp32 cast is a no-op
-    if normalized is not h and not (isinstance(normalized, fx.Node) and is_alias(h, normalized)):
+    if normalized is not h and not (isinstance(normalized, fx.Node) and
+                                    is_noop_cast(h, normalized)):
         return None
     replaced = [square, mean, node.args[0], node, scaled]
     x = h
