@@ -24,7 +24,7 @@ from fxopt.explain import differentiable_outputs
 from fxopt.passes import PassSpec
 from fxopt.pipeline import PassRecord
 
-__all__ = ["TOLERANCES", "Comparison", "assert_same_as_eager", "extra_passes"]
+__all__ = ["TEMPO_TOLERANCES", "TOLERANCES", "Comparison", "assert_same_as_eager", "extra_passes"]
 
 # (rtol, atol) per dtype. fp32: compiled graphs run the same aten kernels as eager but may
 # sum gradients in another order; bf16/fp16: one rounding of the dtype, as torch.testing.
@@ -34,6 +34,17 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (1.6e-2, 1e-2),
     torch.float16: (1e-3, 1e-3),
 }
+
+# fp32 under tempo. Tempo's GELU backward reads the derivative from the fp32 output and a
+# branch bit: the fit is within 7.5e-5 of the exact derivative on a grid (fit_gelu.py), and
+# near GELU's minimum, where y - y_min grows like (x - x_min)**2, a rounding dy of y moves
+# the derivative by about sqrt(2 * GELU''(x_min) * dy): 1.6e-4 measured where y is rounded
+# once, 3.2e-4 where Inductor's fused erf rounds y a few ulps apart. The norms rebuild
+# x_hat as (y - b) / w, one more rounding. The gradients of the layers before are sums of
+# such errors weighted by O(1) values, hence 2e-4 absolute on models of a few dozen
+# features, from a fixed seed (an unlucky input sitting on the minimum, after a LayerNorm
+# whose backward scales by rstd, moved one weight's gradient by 2.3e-3 in 600 seeds).
+TEMPO_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {torch.float32: (1e-4, 2e-4)}
 
 
 @dataclass

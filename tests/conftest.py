@@ -1,5 +1,6 @@
-"""Shared fixtures: a clean Dynamo state per test, no silent fallback to eager, fx code
-generation where the default would take Inductor on the CPU, and the `gpu` marker's skip."""
+"""Shared fixtures: a clean Dynamo state and a seeded RNG per test, no silent fallback to
+eager, fx code generation where the default would take Inductor on the CPU, and the `gpu`
+marker's skip."""
 
 import pytest
 import torch
@@ -13,6 +14,13 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Each test draws the same random numbers whichever worker runs it, after whichever
+    tests: a test that forgets to seed cannot pass or fail by the order of the suite."""
+    torch.manual_seed(0)
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from models import MLP, Block
 from torch import nn
 
 import fxopt
-from fxopt.testing import assert_same_as_eager
+from fxopt.testing import TEMPO_TOLERANCES, assert_same_as_eager
 
 INDUCTOR = {"codegen": "inductor", "strict": True}
 
@@ -31,7 +31,7 @@ def test_tempo_with_dropout_under_inductor():
     with torch._inductor.config.patch(fallback_random=True):
         comparison = assert_same_as_eager(Block(dim=32, dropout=0.1).train(),
                                           (torch.randn(2, 9, 32),), {**INDUCTOR, "tempo": True},
-                                          tolerances={torch.float32: (1e-4, 2e-4)})
+                                          tolerances=TEMPO_TOLERANCES)
     assert comparison.fired("tempo")
     _no_fallback(comparison)
 

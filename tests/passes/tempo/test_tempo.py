@@ -11,7 +11,7 @@ from torch import nn
 
 import fxopt
 from fxopt.analysis import measure_saved_bytes
-from fxopt.testing import TOLERANCES, assert_same_as_eager
+from fxopt.testing import TEMPO_TOLERANCES, TOLERANCES, assert_same_as_eager
 
 try:
     import transformers
@@ -96,7 +96,7 @@ def test_each_site_kind_is_rewritten_and_matches_eager(middle, kind):
         with torch.no_grad():
             p[3] = 0.0
     comparison = assert_same_as_eager(model, (torch.randn(3, 5, 13),), TEMPO,
-                                      tolerances={torch.float32: (1e-4, 2e-4)})
+                                      tolerances=TEMPO_TOLERANCES)
     assert comparison.fired("tempo")
     stats = _tempo_stats(comparison)
     assert stats["rewritten"] == {kind: 1} and stats["bytes_removed"][kind] > 0
@@ -108,7 +108,7 @@ def test_transformer_block_matches_eager(dropout):
     torch.manual_seed(0)
     comparison = assert_same_as_eager(Block(dim=32, dropout=dropout).train(),
                                       (torch.randn(2, 9, 32),), TEMPO, steps=2,
-                                      tolerances={torch.float32: (1e-4, 2e-4)})
+                                      tolerances=TEMPO_TOLERANCES)
     stats = _tempo_stats(comparison)
     assert stats["rewritten"] == {"layer_norm": 2, "attention": 1}
     assert stats["skipped"] == {"gelu: output not kept by a neighbour (no saving)": 1}
@@ -163,7 +163,7 @@ class GeluThenCast(nn.Module):
 def test_only_casts_that_return_their_input_reach_the_neighbour(cast, rewritten):
     torch.manual_seed(0)
     comparison = assert_same_as_eager(Sandwich(GeluThenCast(cast)), (torch.randn(3, 5, 13),),
-                                      TEMPO, tolerances={torch.float32: (1e-4, 2e-4)})
+                                      TEMPO, tolerances=TEMPO_TOLERANCES)
     assert comparison.fired("tempo") is rewritten
     if not rewritten:
         (record,) = [r for r in comparison.passes if r.name == "tempo"]
@@ -175,7 +175,7 @@ def test_rewrite_limit_bisects_sites():
     torch.manual_seed(0)
     comparison = assert_same_as_eager(Block(dim=32).train(), (torch.randn(2, 9, 32),),
                                       {**TEMPO, "rewrite_limit": {"tempo": 1}},
-                                      tolerances={torch.float32: (1e-4, 2e-4)})
+                                      tolerances=TEMPO_TOLERANCES)
     stats = _tempo_stats(comparison)
     assert sum(stats["rewritten"].values()) == 1 and stats["rewrites_refused_by_limit"] == 2
 

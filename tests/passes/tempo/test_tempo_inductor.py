@@ -17,7 +17,7 @@ from fxopt.analysis import measure_saved_bytes
 from fxopt.analysis.host_sync import graph_syncs
 from fxopt.kernels.tempo.bitmask import packed_size
 from fxopt.kernels.tempo.norm import guard_capacity
-from fxopt.testing import assert_same_as_eager
+from fxopt.testing import TEMPO_TOLERANCES, assert_same_as_eager
 
 TEMPO_INDUCTOR = {"tempo": True, "codegen": "inductor", "strict": True}
 ROWS, DIM = 15, 37  # a Sandwich's middle sees [3, 5, 37]
@@ -78,7 +78,7 @@ def test_fusible_form_matches_eager_and_keeps_tempos_cut(build, kind, keeps, sla
     # Eager's dropout masks: Inductor calls aten's random ops (tests/test_codegen_inductor.py)
     with torch._inductor.config.patch(fallback_random=True):
         comparison = assert_same_as_eager(model, (x,), TEMPO_INDUCTOR,
-                                          tolerances={torch.float32: (1e-4, 2e-4)})
+                                          tolerances=TEMPO_TOLERANCES)
         (record,) = [r for r in comparison.passes if r.name == "tempo" and r.fired]
         assert record.verdicts.counts() == {kind: 1} and record.stats["form"] == "fusible"
         assert [g.every_fallback() for g in comparison.graphs] == [[]]
