@@ -107,6 +107,10 @@ def _transformers_model(name: str, hidden: int, seq: int, layers: int = 2,
             **small, num_key_value_heads=2, head_dim=hidden // 2,
             max_position_embeddings=2 * seq)
         return (tf.GemmaForCausalLM if name == "gemma" else tf.Olmo2ForCausalLM)(config)
+    if name == "cohere":  # a hand-written LayerNorm (tempo's match_layer_norm_formula)
+        return tf.CohereForCausalLM(tf.CohereConfig(**small, num_key_value_heads=2,
+                                                    max_position_embeddings=2 * seq,
+                                                    eos_token_id=96))
     if name == "t5":
         return tf.T5ForConditionalGeneration(tf.T5Config(
             vocab_size=97, d_model=hidden, d_kv=hidden // 2, d_ff=2 * hidden, num_layers=layers,

@@ -131,21 +131,112 @@ def match_layer_norm(node: fx.Node) -> Site | str | None:
         return "layer_norm with symbolic shape or eps"
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
-    removed = _norm_bytes(x, n, 4)
-    cast = None if kept_by_neighbour(node) else cast_by_savers(node)
+    return _layer_norm_site([node], node, (x, n, weight, bias, eps), out.dtype,
+                            _norm_bytes(x, n, 4))
+
+
+def _layer_norm_site(replaced: list[fx.Node], result: fx.Node, args: tuple[Any, ...],
+                     out_dtype: torch.dtype, removed: int) -> Site:
+    """A LayerNorm site computing ``args`` (x, n, weight, bias, eps) into ``result``. Under
+    autocast the fp32 output's users that keep it keep their own low-precision cast: tempo
+    makes that cast and keeps it (with rstd) in place of the input. With no other user, the
+    op's only output is the cast (``fxopt::tempo_layer_norm`` in that dtype); otherwise it
+    returns both (``fxopt::tempo_layer_norm_cast``)."""
+    cast = None if kept_by_neighbour(result) else cast_by_savers(result)
     if cast is None:
-        return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm.default,
-                    (x, n, weight, bias, eps, out.dtype), removed, True)
-    # Under autocast the fp32 output's users that keep it keep their own low-precision cast:
-    # tempo makes that cast and keeps it (with rstd) in place of the input. With no other
-    # user, the op's only output is the cast; otherwise it returns both.
+        return Site("layer_norm", replaced, result, result,
+                    fxopt_ops.tempo_layer_norm.default, (*args, out_dtype), removed, True)
     dtype, users = cast
-    if set(users) == set(node.users):
-        return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm.default,
-                    (x, n, weight, bias, eps, dtype), removed, False, (dtype, users, 0))
-    return Site("layer_norm", [node], node, node, fxopt_ops.tempo_layer_norm_cast.default,
-                (x, n, weight, bias, eps, out.dtype, dtype), removed, False,
-                (dtype, users, 1))
+    if set(users) == set(result.users):
+        return Site("layer_norm", replaced, result, result,
+                    fxopt_ops.tempo_layer_norm.default, (*args, dtype), removed, False,
+                    (dtype, users, 0))
+    return Site("layer_norm", replaced, result, result,
+                fxopt_ops.tempo_layer_norm_cast.default, (*args, out_dtype, dtype), removed,
+                False, (dtype, users, 1))
+
+
+def _mean_of_last_dim(node: Any) -> fx.Node | None:
+    """``t`` where ``node`` is ``t.mean(-1, keepdim=True)``, else None."""
+    if not is_call(node, "mean") or arg(node, 1, "dim") not in (-1, [-1], (-1,)) or \
+            arg(node, 2, "keepdim", False) is not True:
+        return None
+    return node.args[0]
+
+
+def _centers(node: Any, h: fx.Node, mean: fx.Node) -> bool:
+    return is_call(node, "sub") and len(node.args) == 2 and tuple(node.args) == (h, mean)
+
+
+def match_layer_norm_formula(node: fx.Node) -> Site | str | None:
+    """Cohere's hand-written LayerNorm, matched from its rsqrt:
+    ``weight * ((h - m) * rsqrt((h - m).pow(2).mean(-1, keepdim=True) + eps))`` with
+    ``m = h.mean(-1, keepdim=True)`` and ``h = x.to(float32)``, cast back to x's dtype. The
+    casts and the (1-d) weight are optional; the two ``h - m`` may be one node or two. It
+    computes what ``F.layer_norm(x, (n,), weight, None, eps)`` computes: in fp32, rounded
+    once to the output's dtype."""
+    if not is_call(node, "rsqrt") or not is_call(node.args[0], "add"):
+        return None
+    eps, variance = constant_operand(node.args[0])
+    square = _mean_of_last_dim(variance)
+    if eps is None or not is_call(square, "pow") or constant_operand(square)[0] != 2.0:
+        return None
+    centered = square.args[0]
+    if not is_call(centered, "sub") or len(centered.args) != 2:
+        return None
+    h, mean = centered.args
+    scaled = only_user(node)
+    if _mean_of_last_dim(mean) is not h or not is_call(scaled, "mul") or \
+            node not in scaled.args:
+        return None
+    other = next((a for a in scaled.args if a is not node), node)
+    if other is not centered and not _centers(other, h, mean):
+        return None
+    h_value = example_tensor(h)
+    if h_value is None or h_value.dtype != torch.float32:
+        return "LayerNorm formula computing in another dtype than fp32"
+    replaced = {mean, centered, square, variance, node.args[0], node, other, scaled}
+    x = h
+    if is_call(h, "cast"):
+        x = h.args[0]
+        if set(h.users) <= replaced:
+            replaced.add(h)
+    result, weight, weighted = scaled, None, 0
+    final = only_user(scaled)
+    if is_call(final, "mul") and len(final.args) == 2 and scaled in final.args:
+        w = final.args[1] if final.args[0] is scaled else final.args[0]
+        w_value = example_tensor(w)
+        if w_value is not None and w_value.dim() == 1:
+            weight, result = w, final
+            replaced.add(final)
+            if is_call(w, "cast") and only_user(w) is final and \
+                    example_tensor(w.args[0]) is not None:
+                weight = w.args[0]  # weight.to(float32): the op upcasts it itself
+                replaced.add(w)
+            # the product keeps the normalized input for the weight's gradient
+            weighted = 1 if example_tensor(weight).requires_grad else 0
+    cast = only_user(result)
+    x_value = example_tensor(x)
+    if is_call(cast, "cast") and example_tensor(cast) is not None and x_value is not None:
+        if example_tensor(cast).dtype != x_value.dtype:
+            return "LayerNorm formula casting to another dtype than its input's"
+        result = cast
+        replaced.add(cast)
+    out = example_tensor(result)
+    if x_value is None or out is None or not isinstance(h_value.shape[-1], int):
+        return "LayerNorm formula with symbolic sizes"
+    n = h_value.shape[-1]
+    if guard_capacity(n) * 4 > n:
+        return "norm over fewer than 8 elements"
+    if weight is not None and tuple(example_tensor(weight).shape) != (n,):
+        return None
+    # eager keeps both centerings (one where they are one node), the normalized input for
+    # the weight's gradient, and rstd (as tempo does: no mean, unlike F.layer_norm)
+    kept = 1 + (other is not centered) + weighted
+    removed = _norm_bytes(h, n, 0) + (kept - 1) * nbytes(h_value)
+    order = {g: i for i, g in enumerate(node.graph.nodes)}
+    return _layer_norm_site(sorted(replaced, key=order.__getitem__), result,
+                            (x, n, weight, None, eps), out.dtype, removed)
 
 
 def match_rms_norm(node: fx.Node) -> Site | str | None:
@@ -271,5 +362,5 @@ def match_attention(node: fx.Node) -> Site | str | None:
 
 
 MATCHERS: tuple[Callable[[fx.Node], Site | str | None], ...] = (
-    match_gelu, match_gelu_tanh_formula, match_layer_norm, match_rms_norm,
-    match_rms_norm_formula, match_attention)
+    match_gelu, match_gelu_tanh_formula, match_layer_norm, match_layer_norm_formula,
+    match_rms_norm, match_rms_norm_formula, match_attention)

@@ -64,6 +64,12 @@ def _t5_layer_norm(dim):
     return T5LayerNorm(dim)
 
 
+def _cohere_layer_norm(dim):
+    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+
+    return CohereLayerNorm(dim)
+
+
 def _new_gelu(_dim):
     from transformers.activations import NewGELUActivation
 
@@ -88,6 +94,9 @@ class _FunctionalLayerNorm(nn.LayerNorm):
     pytest.param(_olmo2_rms_norm, "rms_norm", id="olmo2_rms_norm", marks=needs_transformers),
     # normalizes x itself, its fp32 cast (a no-op here) only squared
     pytest.param(_t5_layer_norm, "rms_norm", id="t5_layer_norm", marks=needs_transformers),
+    # by hand: the centering written twice, the weight cast to fp32, a no-op cast back
+    pytest.param(_cohere_layer_norm, "layer_norm", id="cohere_layer_norm",
+                 marks=needs_transformers),
 ])
 def test_each_site_kind_is_rewritten_and_matches_eager(middle, kind):
     torch.manual_seed(0)
