@@ -1,7 +1,7 @@
-"""fxopt.drop_logits on transformers GPT-2, Llama, Cohere or BART compiled as users compile
-them (``torch.compile(model)``, the step ``model(ids, labels=ids).loss.backward()``): the step's
-measured peak and time with the logits returned and dropped, under plain Inductor and under
-fxopt with the fused loss, in one process.
+"""fxopt.drop_logits on transformers GPT-2, Llama, Cohere, Gemma 2 or BART compiled as users
+compile them (``torch.compile(model)``, the step ``model(ids, labels=ids).loss.backward()``):
+the step's measured peak and time with the logits returned and dropped, under plain Inductor
+and under fxopt with the fused loss, in one process.
 
 Each configuration compiles its own copy of the model (``model.loss_type = "ForCausalLM"``,
 the loss transformers falls back to, so GPT-2 has no logging graph break); fp32, one thread.
@@ -46,7 +46,8 @@ def _compiled(config: str, model: nn.Module, codegen: str) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "cohere", "bart"])
+    parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama", "cohere", "gemma2",
+                                                               "bart"])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=7)

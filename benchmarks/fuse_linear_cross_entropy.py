@@ -56,6 +56,11 @@ def build(name: str, positions: int = 128) -> nn.Module:
             vocab_size=256000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=4, intermediate_size=256, max_position_embeddings=positions,
             logit_scale=0.0625))
+    if name == "gemma2":  # its logits soft-capped (cap * tanh(z / cap)); Gemma 2's vocabulary
+        return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            vocab_size=256000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, head_dim=32, intermediate_size=256,
+            max_position_embeddings=positions))
     if name == "bart":  # final_logits_bias added to its logits; BART's vocabulary
         return transformers.BartForConditionalGeneration(transformers.BartConfig(
             vocab_size=50265, d_model=128, encoder_layers=2, decoder_layers=2,

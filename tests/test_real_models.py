@@ -47,6 +47,10 @@ def gemma():
     return _causal_lm("Gemma", head_dim=8)
 
 
+def gemma2():
+    return _causal_lm("Gemma2", head_dim=8)
+
+
 def cohere():
     return _causal_lm("Cohere", logit_scale=0.0625)
 
@@ -60,12 +64,14 @@ def bart():
 
 
 # What each model puts around the passes' sites, as transformers writes it: Gemma's RMSNorm
-# ends in a no-op type_as (tempo), Cohere scales its logits, BART adds final_logits_bias
-# (the fused loss folds both into its op).
+# ends in a no-op type_as (tempo), Gemma 2 soft-caps its logits (cap * tanh(z / cap)),
+# Cohere normalizes by hand and scales its logits, BART adds final_logits_bias (the fused
+# loss folds the cap, the scale and the bias into its op).
 @pytest.mark.parametrize("build, fired", [
     (gemma, {"tempo", "fuse_linear_cross_entropy"}),
-    (cohere, {"fuse_linear_cross_entropy"}),
-    (bart, {"tempo", "fuse_linear_cross_entropy"})], ids=["gemma", "cohere", "bart"])
+    (gemma2, {"tempo", "fuse_linear_cross_entropy"}),
+    (cohere, {"tempo", "fuse_linear_cross_entropy"}),
+    (bart, {"tempo", "fuse_linear_cross_entropy"})], ids=["gemma", "gemma2", "cohere", "bart"])
 def test_transformers_sites_as_written_fire_and_train_like_eager(build, fired):
     torch.manual_seed(0)
     ids = torch.randint(0, VOCAB, (2, 11))

@@ -186,11 +186,13 @@ def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 102
     return specs
 
 
-def linear_cross_entropy_specs(dtype: str, vocab: int) -> list[KernelSpec]:
+def linear_cross_entropy_specs(dtype: str, vocab: int, softcap: bool = False
+                               ) -> list[KernelSpec]:
     """``fxopt::linear_cross_entropy``'s two block kernels for ``dtype`` logits of ``vocab``
     columns, specialized as the JIT specializes the ops' calls on CUDA: aligned pointers,
     the rows padded to 16 bytes and read up to that span (``ALIGN`` elements of 16 bytes),
-    and no integer divisible by 16 where the vocabulary is odd (GPT-2's 50257)."""
+    and no integer divisible by 16 where the vocabulary is odd (GPT-2's 50257); with
+    ``softcap``, the soft-capped kernels (Gemma 2's)."""
     module = "fxopt.kernels.fuse_linear_cross_entropy_triton"
     align = 16 // DTYPES[dtype].itemsize
     p, block = _ptr(dtype), 1024
@@ -198,17 +200,21 @@ def linear_cross_entropy_specs(dtype: str, vocab: int) -> list[KernelSpec]:
              "target_ptr": "*fp32"}
     rows = {"labels_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32"}
     counts = {"cols": "i32", "span_aligns": "i32", "v0": "i32"}
+    capped = " softcap" if softcap else ""
     return [
-        KernelSpec(f"lce_lse_block V={vocab} {dtype}",
-                   {"z_ptr": p, "z_stride_aligns": "i32", **state, **counts,
-                    "SMOOTH": "constexpr", "ALIGN": "constexpr", "BLOCK": "constexpr"},
-                   {"SMOOTH": True, "ALIGN": align, "BLOCK": block}, ("z_ptr", *state), block,
+        KernelSpec(f"lce_lse_block V={vocab} {dtype}{capped}",
+                   {"z_ptr": p, "z_stride_aligns": "i32", **state, **counts, "softcap": "fp32",
+                    "SMOOTH": "constexpr", "SOFTCAP": "constexpr", "ALIGN": "constexpr",
+                    "BLOCK": "constexpr"},
+                   {"SMOOTH": True, "SOFTCAP": softcap, "ALIGN": align, "BLOCK": block},
+                   ("z_ptr", *state), block,
                    module=module, attr="_lse_block_kernel"),
-        KernelSpec(f"lce_dlogits_block V={vocab} {dtype}",
+        KernelSpec(f"lce_dlogits_block V={vocab} {dtype}{capped}",
                    {"z_ptr": p, "z_stride_aligns": "i32", "p_ptr": p, "p_stride_aligns": "i32",
-                    **rows, **counts, "smooth_each": "fp32", "hit": "fp32",
-                    "ALIGN": "constexpr", "BLOCK": "constexpr"},
-                   {"ALIGN": align, "BLOCK": block}, ("z_ptr", "p_ptr", *rows), block,
+                    **rows, **counts, "smooth_each": "fp32", "hit": "fp32", "softcap": "fp32",
+                    "SOFTCAP": "constexpr", "ALIGN": "constexpr", "BLOCK": "constexpr"},
+                   {"SOFTCAP": softcap, "ALIGN": align, "BLOCK": block},
+                   ("z_ptr", "p_ptr", *rows), block,
                    module=module, attr="_dlogits_block_kernel")]
 
 

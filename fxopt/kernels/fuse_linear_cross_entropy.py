@@ -19,6 +19,12 @@ Cross-Entropy; Liger-Kernel's fused linear cross-entropy chunks over tokens):
   (:func:`mm_fp32`: tensor cores on CUDA). A gradient whose input needs none is not
   computed.
 
+**Soft-capped logits** (``softcap`` not 0; Gemma 2's ``final_logit_softcapping``): each
+block's logits become ``softcap * tanh(z / softcap)`` in fp32 before they are folded or
+differentiated, and the gradient is times the cap's slope ``1 - tanh(z / softcap)**2``: the
+cap costs one tanh per logit each way and keeps nothing more. Eager applies the cap in the
+logits' dtype (three bf16 roundings under autocast), the op in fp32.
+
 This form runs four (tokens x hidden x vocabulary) matmuls where plain autograd runs three,
 and keeps only ``tokens`` floats beside the inputs the Linear kept anyway. Its sibling
 :mod:`fxopt.kernels.fuse_linear_cross_entropy_with_grads` computes the gradients in the
@@ -68,7 +74,8 @@ __all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_bytes_for",
            "block_columns", "block_count", "check_arguments", "dlogits_block_reference",
            "fused_fp32_accumulate", "linear_cross_entropy", "linear_cross_entropy_backward",
            "logit_bytes", "lse_block_reference", "mm_fp32", "padded_kernels", "padded_rows",
-           "reference", "refuse_double_backward", "row_alignment", "subtract_targets_",
+           "reference", "refuse_double_backward", "row_alignment", "softcapped_",
+           "subtract_targets_",
            "temporary_bytes", "token_scales", "triton_kernels", "uses_triton",
            "uses_triton_on"]
 
@@ -146,13 +153,20 @@ def uses_triton_on(device: torch.device) -> bool:
 
 # ---------------------------------------------------------------- per-block references
 
+def softcapped_(z: torch.Tensor, softcap: float) -> torch.Tensor:
+    """``softcap * tanh(z / softcap)`` in place (Gemma 2's final-logit soft-capping) for an
+    fp32 ``z``; ``z`` as it is where ``softcap`` is 0 (none)."""
+    return z.div_(softcap).tanh_().mul_(softcap) if softcap else z
+
+
 def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch.Tensor,
                         s: torch.Tensor, sum_z: torch.Tensor, target: torch.Tensor,
-                        smooth: bool) -> None:
-    """Fold the block ``z`` (columns ``v0:v0 + z.shape[1]``) into the running state, in
-    place: max ``m``, ``s = sum exp(z - m)``, the sum of logits, the target logit. An fp32
-    ``z`` is overwritten (with its exponentials: no second block is allocated)."""
-    z = z.float()
+                        smooth: bool, softcap: float = 0.0) -> None:
+    """Fold the block ``z`` (columns ``v0:v0 + z.shape[1]``), soft-capped where ``softcap``
+    is not 0 (:func:`softcapped_`), into the running state, in place: max ``m``,
+    ``s = sum exp(z - m)``, the sum of logits, the target logit. An fp32 ``z`` is
+    overwritten (with its exponentials: no second block is allocated)."""
+    z = softcapped_(z.float(), softcap)
     cols = z.shape[1]
     local = labels - v0
     inside = (local >= 0) & (local < cols)
@@ -168,13 +182,21 @@ def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch
 
 def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: int,
                             lse: torch.Tensor, label_smoothing: float, vocab: int,
-                            row_scale: torch.Tensor) -> None:
+                            row_scale: torch.Tensor, softcap: float = 0.0) -> None:
     """``out = (softmax - (1 - eps) onehot - eps / V) x row_scale`` for block ``z``, in
-    ``out``'s dtype (``out`` may be ``z``; computed in fp32)."""
-    buffer = out if out.dtype == torch.float32 else None
-    p = torch.sub(z, lse.unsqueeze(1), out=buffer).float().clamp_(min=EXP_FLOOR).exp_()
+    ``out``'s dtype (``out`` may be ``z``; computed in fp32). Soft-capped logits
+    (``softcap``): the softmax of ``softcap * tanh(z / softcap)``, and the gradient times
+    that function's slope, ``1 - tanh(z / softcap)**2``."""
+    if softcap:
+        tanh = z.float().div(softcap).tanh_()  # a tensor of its own, whatever z's dtype
+        p = torch.mul(tanh, softcap).sub_(lse.unsqueeze(1)).clamp_(min=EXP_FLOOR).exp_()
+    else:
+        buffer = out if out.dtype == torch.float32 else None
+        p = torch.sub(z, lse.unsqueeze(1), out=buffer).float().clamp_(min=EXP_FLOOR).exp_()
     subtract_targets_(p, labels, v0, label_smoothing, vocab)
     p.mul_(row_scale.unsqueeze(1))
+    if softcap:
+        p.mul_(tanh.square_().neg_().add_(1.0))
     if p is not out:
         out.copy_(p)
 
@@ -215,11 +237,12 @@ def padded_kernels() -> tuple[Callable[..., None], Callable[..., None]]:
     padding's gradient is written as zeros)."""
     kernels = triton_kernels()
 
-    def fold(z: torch.Tensor, *state: Any) -> None:
-        kernels.lse_block(z, *state, span=z.stride(0))
+    def fold(z: torch.Tensor, *state: Any, softcap: float = 0.0) -> None:
+        kernels.lse_block(z, *state, span=z.stride(0), softcap=softcap)
 
-    def gradient(z: torch.Tensor, out: torch.Tensor, *args: Any) -> None:
-        kernels.dlogits_block(z, out, *args, span=z.stride(0))
+    def gradient(z: torch.Tensor, out: torch.Tensor, *args: Any, softcap: float = 0.0
+                 ) -> None:
+        kernels.dlogits_block(z, out, *args, span=z.stride(0), softcap=softcap)
 
     return fold, gradient
 
@@ -248,7 +271,7 @@ def block_bytes_for(blocks: int, tokens: int, vocab: int, compute_dtype: torch.d
 
 
 def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
-             compute_dtype, out_dtype, block_bytes):
+             compute_dtype, out_dtype, block_bytes, softcap):
     tokens, vocab = h.shape[0], weight.shape[0]
     f32 = dict(device=h.device, dtype=torch.float32)
     m = torch.full((tokens,), float("-inf"), **f32)
@@ -258,7 +281,7 @@ def _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
     step = _block_step(tokens, vocab, block_bytes, compute_dtype, h.device)
     for v0 in range(0, vocab, step):
         z = _block_logits(h_cd, weight, bias, v0, min(v0 + step, vocab), compute_dtype)
-        fold(z, labels, v0, m, s, sum_z, target, bool(label_smoothing))
+        fold(z, labels, v0, m, s, sum_z, target, bool(label_smoothing), softcap=softcap)
         del z
     lse = m + torch.log(s)
     per_token = (1.0 - label_smoothing) * (lse - target)
@@ -325,7 +348,7 @@ def token_scales(labels: torch.Tensor, ignore_index: int, reduction: str,
 
 
 def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing, reduction,
-              compute_dtype, block_bytes, wants):
+              compute_dtype, block_bytes, wants, softcap):
     tokens, vocab = h.shape[0], weight.shape[0]
     want_h, want_w, want_b = wants
     row_scale = token_scales(labels, ignore_index, reduction, grad.float())
@@ -340,7 +363,7 @@ def _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
         v1 = min(v0 + step, vocab)
         z = _block_logits(h_cd, weight, bias, v0, v1, compute_dtype)
         dz = z  # overwritten with its gradient, in the compute dtype the matmuls take
-        gradient(z, dz, labels, v0, lse, label_smoothing, vocab, row_scale)
+        gradient(z, dz, labels, v0, lse, label_smoothing, vocab, row_scale, softcap=softcap)
         del z
         if want_w:
             dw[v0:v1] = mm_fp32(dz.t(), h_cd)
@@ -379,18 +402,21 @@ def check_arguments(h, weight, labels, reduction):
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          labels: torch.Tensor, ignore_index: int, label_smoothing: float,
                          reduction: str, compute_dtype: torch.dtype, out_dtype: torch.dtype,
-                         block_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+                         block_bytes: int, softcap: float = 0.0
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, per-token log-sum-exp) of ``cross_entropy(linear(h, weight, bias), labels)``,
-    the Linear in ``compute_dtype``, the loss in fp32 then ``out_dtype``."""
+    the Linear in ``compute_dtype``, the loss in fp32 then ``out_dtype``; with ``softcap``
+    (not 0), of the soft-capped logits ``softcap * tanh(logits / softcap)`` (Gemma 2's),
+    computed in fp32."""
     check_arguments(h, weight, labels, reduction)
     with torch.autocast(h.device.type, enabled=False):  # the op chooses its own dtypes
         return _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
-                        compute_dtype, out_dtype, block_bytes)
+                        compute_dtype, out_dtype, block_bytes, softcap)
 
 
 @linear_cross_entropy.register_fake
 def _(h, weight, bias, labels, ignore_index, label_smoothing, reduction, compute_dtype,
-      out_dtype, block_bytes):
+      out_dtype, block_bytes, softcap=0.0):
     check_arguments(h, weight, labels, reduction)
     return h.new_empty((), dtype=out_dtype), h.new_empty((h.shape[0],), dtype=torch.float32)
 
@@ -400,25 +426,27 @@ def linear_cross_entropy_backward(
         grad: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         labels: torch.Tensor, lse: torch.Tensor, ignore_index: int, label_smoothing: float,
         reduction: str, compute_dtype: torch.dtype, block_bytes: int, grad_h: bool,
-        grad_weight: bool, grad_bias: bool) -> list[torch.Tensor]:
+        grad_weight: bool, grad_bias: bool, softcap: float = 0.0) -> list[torch.Tensor]:
     """The gradients of h, weight and bias that ``grad_*`` ask for, in that order."""
     with torch.autocast(h.device.type, enabled=False):
         return _backward(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing,
                          reduction, compute_dtype, block_bytes,
-                         (grad_h, grad_weight, grad_bias and bias is not None))
+                         (grad_h, grad_weight, grad_bias and bias is not None), softcap)
 
 
 @linear_cross_entropy_backward.register_fake
 def _(grad, h, weight, bias, labels, lse, ignore_index, label_smoothing, reduction,
-      compute_dtype, block_bytes, grad_h, grad_weight, grad_bias):
+      compute_dtype, block_bytes, grad_h, grad_weight, grad_bias, softcap=0.0):
     wanted = ((grad_h, h), (grad_weight, weight), (grad_bias and bias is not None, bias))
     return [t.new_empty(t.shape) for want, t in wanted if want]
 
 
 def _setup_context(ctx, inputs, output):
-    h, weight, bias, labels, ignore_index, smoothing, reduction, compute_dtype, _, block = inputs
+    h, weight, bias, labels, ignore_index, smoothing, reduction, compute_dtype, _, block, \
+        softcap = inputs
     ctx.save_for_backward(h, weight, bias, labels, output[1])
     ctx.arguments = (ignore_index, smoothing, reduction, compute_dtype, block)
+    ctx.softcap = softcap
 
 
 def refuse_double_backward(op: str) -> None:
@@ -437,9 +465,10 @@ def _autograd_backward(ctx, grad, _grad_lse):
     want_h, want_w, want_b = ctx.needs_input_grad[:3]
     want_b = want_b and bias is not None
     found = iter(linear_cross_entropy_backward(grad, h, weight, bias, labels, lse,
-                                               *ctx.arguments, want_h, want_w, want_b))
+                                               *ctx.arguments, want_h, want_w, want_b,
+                                               ctx.softcap))
     grads = [next(found) if want else None for want in (want_h, want_w, want_b)]
-    return (*grads, *([None] * 7))
+    return (*grads, *([None] * 8))
 
 
 linear_cross_entropy.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -447,11 +476,14 @@ linear_cross_entropy.register_autograd(_autograd_backward, setup_context=_setup_
 
 def reference(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
               labels: torch.Tensor, ignore_index: int = -100, label_smoothing: float = 0.0,
-              reduction: str = "mean", compute_dtype: torch.dtype | None = None
-              ) -> torch.Tensor:
-    """What the op computes, as eager torch computes it (the logits stored): for tests."""
+              reduction: str = "mean", compute_dtype: torch.dtype | None = None,
+              softcap: float = 0.0) -> torch.Tensor:
+    """What the op computes, as eager torch computes it (the logits stored; soft-capped as
+    Gemma 2 does it, in the logits' dtype): for tests."""
     compute_dtype = compute_dtype or h.dtype
     logits = F.linear(h.to(compute_dtype), weight.to(compute_dtype),
                       None if bias is None else bias.to(compute_dtype))
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
     return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index,
                            label_smoothing=label_smoothing, reduction=reduction)

@@ -9,6 +9,8 @@ of one vocabulary block of logits; the matmuls around them stay cuBLAS (torch).
   eps / V`` times each token's scale, in the output's dtype (the compute dtype the
   gradient matmuls take: one write of 2 bytes an entry under bf16): one program per
   (token, column tile).
+- With a ``softcap`` (Gemma 2's final-logit soft-capping), both read the logits as
+  ``softcap * tanh(z / softcap)`` and the gradient is times ``1 - tanh(z / softcap)**2``.
 
 Both read ``z`` in its dtype and compute in fp32. Given a ``span`` (the padded product's
 width: the ops' logits are a column prefix of a product whose rows are padded to 16 bytes on
@@ -36,9 +38,17 @@ BLOCK = 1024  # columns per loop iteration (lse) or per program (dlogits)
 
 
 @triton.jit
+def _tanh(x):
+    """tanh from one exponential: exact limits (exp overflows to inf: 1; underflows: -1),
+    and near 0 an absolute error of fp32's epsilon, which the soft-cap's scale (30 for
+    Gemma 2) multiplies into a logit's absolute error of about 4e-6."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
 def _lse_block_kernel(z_ptr, z_stride_aligns, labels_ptr, m_ptr, s_ptr, sumz_ptr, target_ptr,
-                      cols, span_aligns, v0, SMOOTH: tl.constexpr, ALIGN: tl.constexpr,
-                      BLOCK: tl.constexpr):
+                      cols, span_aligns, v0, softcap, SMOOTH: tl.constexpr,
+                      SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     z_row = z_ptr + row.to(tl.int64) * (z_stride_aligns * ALIGN)
     span = span_aligns * ALIGN
@@ -51,6 +61,8 @@ def _lse_block_kernel(z_ptr, z_stride_aligns, labels_ptr, m_ptr, s_ptr, sumz_ptr
         offsets = start + tl.arange(0, BLOCK)
         inside = offsets < cols
         z = tl.load(z_row + offsets, mask=offsets < span, other=0.0).to(tl.float32)
+        if SOFTCAP:
+            z = softcap * _tanh(z / softcap)
         z = tl.where(inside, z, float("-inf"))  # the padding's values, whatever they are
         m_new = tl.maximum(m_run, tl.max(z, 0))
         s_run = s_run * tl.exp(m_run - m_new) + tl.sum(tl.exp(z - m_new), 0)
@@ -66,15 +78,20 @@ def _lse_block_kernel(z_ptr, z_stride_aligns, labels_ptr, m_ptr, s_ptr, sumz_ptr
 
 @triton.jit
 def _dlogits_block_kernel(z_ptr, z_stride_aligns, p_ptr, p_stride_aligns, labels_ptr, lse_ptr,
-                          scale_ptr, cols, span_aligns, v0, smooth_each, hit,
-                          ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+                          scale_ptr, cols, span_aligns, v0, smooth_each, hit, softcap,
+                          SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     spanned = offsets < span_aligns * ALIGN
     z = tl.load(z_ptr + row * (z_stride_aligns * ALIGN) + offsets, mask=spanned,
                 other=0.0).to(tl.float32)
+    if SOFTCAP:
+        tanh = _tanh(z / softcap)
+        z = softcap * tanh
     p = tl.exp(z - tl.load(lse_ptr + row)) - smooth_each
     p = tl.where(offsets == tl.load(labels_ptr + row) - v0, p - hit, p) * tl.load(scale_ptr + row)
+    if SOFTCAP:
+        p = p * (1.0 - tanh * tanh)  # the soft-cap's slope
     p = tl.where(offsets < cols, p, 0.0)  # the padding's gradient: zero
     tl.store(p_ptr + row * (p_stride_aligns * ALIGN) + offsets, p.to(p_ptr.dtype.element_ty),
              mask=spanned)
@@ -102,28 +119,31 @@ def _span(z: torch.Tensor, span: int | None) -> int:
 
 def lse_block(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch.Tensor,
               s: torch.Tensor, sum_z: torch.Tensor, target: torch.Tensor,
-              smooth: bool, span: int | None = None) -> None:
-    """Fold ``z`` (columns ``v0:v0 + z.shape[1]`` of the logits) into the running state.
-    ``span``: how many columns of each row may be read (the padded product's width, whose
-    columns past ``z``'s are padding; None: ``z``'s own), so that the rows are read in
-    aligned vectors up to an aligned end."""
+              smooth: bool, span: int | None = None, softcap: float = 0.0) -> None:
+    """Fold ``z`` (columns ``v0:v0 + z.shape[1]`` of the logits, soft-capped where
+    ``softcap`` is not 0) into the running state. ``span``: how many columns of each row
+    may be read (the padded product's width, whose columns past ``z``'s are padding; None:
+    ``z``'s own), so that the rows are read in aligned vectors up to an aligned end."""
     rows, cols = z.shape
     if rows == 0:
         return
     span = _span(z, span)
     align = _align(z.element_size(), z.stride(0), span)
     _lse_block_kernel[(rows,)](z, z.stride(0) // align, labels, m, s, sum_z, target, cols,
-                               span // align, v0, SMOOTH=smooth, ALIGN=align,
+                               span // align, v0, float(softcap), SMOOTH=smooth,
+                               SOFTCAP=bool(softcap), ALIGN=align,
                                BLOCK=min(BLOCK, triton.next_power_of_2(span)))
 
 
 def dlogits_block(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: int,
                   lse: torch.Tensor, label_smoothing: float, vocab: int,
-                  row_scale: torch.Tensor, span: int | None = None) -> None:
+                  row_scale: torch.Tensor, span: int | None = None, softcap: float = 0.0
+                  ) -> None:
     """Write the logit gradients of block ``z``, times each row's scale, into ``out`` (in
     its dtype: fp32, or the compute dtype the matmuls take; may be ``z``). ``span``: as
     :func:`lse_block`'s, and ``out``'s columns past ``z``'s up to it are written with
-    zeros (``out``'s rows must have them: its padding too)."""
+    zeros (``out``'s rows must have them: its padding too). ``softcap``: as
+    :func:`lse_block`'s, the gradient then times the soft-cap's slope."""
     rows, cols = z.shape
     if rows == 0:
         return
@@ -134,5 +154,5 @@ def dlogits_block(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, v0: 
     block = min(BLOCK, triton.next_power_of_2(span))
     _dlogits_block_kernel[(rows, triton.cdiv(span, block))](
         z, z.stride(0) // align, out, out.stride(0) // align, labels, lse, row_scale, cols,
-        span // align, v0, label_smoothing / vocab, 1.0 - label_smoothing, ALIGN=align,
-        BLOCK=block)
+        span // align, v0, label_smoothing / vocab, 1.0 - label_smoothing, float(softcap),
+        SOFTCAP=bool(softcap), ALIGN=align, BLOCK=block)

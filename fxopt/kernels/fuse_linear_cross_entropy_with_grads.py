@@ -98,24 +98,29 @@ def softmax_rows_reference(z: torch.Tensor, row_scale: torch.Tensor
     return p, (m + s.log()).squeeze(1)
 
 
-def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype):
+def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype, softcap):
     """(the logits' gradient, scaled per token and in the compute dtype; the per-token
-    loss) of one chunk's whole-row logits ``z``."""
+    loss) of one chunk's whole-row logits ``z`` (soft-capped where ``softcap`` is not 0:
+    the sibling's ``softcapped_``, and the gradient times its slope)."""
     rows = z.shape[0]
     if single.uses_triton(z):
         fold, gradient = single.padded_kernels()  # z: a prefix of its padded product
         f32 = dict(device=z.device, dtype=torch.float32)
         m = torch.full((rows,), float("-inf"), **f32)
         s, sum_z, target = (torch.zeros(rows, **f32) for _ in range(3))
-        fold(z, labels, 0, m, s, sum_z, target, bool(smoothing))
+        fold(z, labels, 0, m, s, sum_z, target, bool(smoothing), softcap=softcap)
         lse = m + torch.log(s)
-        gradient(z, z, labels, 0, lse, smoothing, vocab, row_scale)
+        gradient(z, z, labels, 0, lse, smoothing, vocab, row_scale, softcap=softcap)
         dz = z  # overwritten with its scaled gradient, in the compute dtype
     else:
-        target = z.gather(1, labels.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1).float()
-        sum_z = z.float().sum(1) if smoothing else None
-        dz, lse = softmax_rows_reference(z, row_scale)
+        tanh = z.float().div(softcap).tanh_() if softcap else None
+        capped = z if tanh is None else tanh * softcap
+        target = capped.gather(1, labels.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1).float()
+        sum_z = capped.float().sum(1) if smoothing else None
+        dz, lse = softmax_rows_reference(capped, row_scale)
         single.subtract_targets_(dz, labels, 0, smoothing, vocab, row_scale)
+        if tanh is not None:
+            dz.mul_(tanh.square_().neg_().add_(1.0))  # the soft-cap's slope
         # back into z where it is a padded view (CUDA without Triton): its aligned stride
         dz = dz.to(compute_dtype) if z.is_contiguous() else z.copy_(dz)
     per_token = (1.0 - smoothing) * (lse - target)
@@ -125,7 +130,7 @@ def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype):
 
 
 def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, compute_dtype,
-             out_dtype, block_bytes, wants):
+             out_dtype, block_bytes, wants, softcap):
     tokens, hidden, vocab = h.shape[0], h.shape[1], weight.shape[0]
     want_h, want_w, want_b = wants
     f32 = dict(device=h.device, dtype=torch.float32)
@@ -147,7 +152,7 @@ def _forward(h, weight, bias, labels, ignore_index, smoothing, reduction, comput
         r1 = min(r0 + step, tokens)
         z = F.linear(h_cd[r0:r1], w_padded, b_padded)[:, :vocab]
         dz, per_token[r0:r1] = _chunk_gradient(z, labels[r0:r1], row_scale[r0:r1], smoothing,
-                                               vocab, compute_dtype)
+                                               vocab, compute_dtype, softcap)
         del z
         if want_w:
             dw = single.add_mm_fp32(dw, dz.t(), h_cd[r0:r1])
@@ -168,20 +173,22 @@ def linear_cross_entropy_with_grads(
         h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
         ignore_index: int, label_smoothing: float, reduction: str, compute_dtype: torch.dtype,
         out_dtype: torch.dtype, block_bytes: int, grad_h: bool, grad_weight: bool,
-        grad_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        grad_bias: bool, softcap: float = 0.0
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dh, dW, db): ``cross_entropy(linear(h, weight, bias), labels)`` (the Linear in
-    ``compute_dtype``, the loss in fp32 then ``out_dtype``) and its gradients for an
-    incoming gradient of 1, in fp32; an empty tensor for each gradient not asked for."""
+    ``compute_dtype``, the loss in fp32 then ``out_dtype``; soft-capped logits where
+    ``softcap`` is not 0, as the sibling's) and its gradients for an incoming gradient of
+    1, in fp32; an empty tensor for each gradient not asked for."""
     single.check_arguments(h, weight, labels, reduction)
     with torch.autocast(h.device.type, enabled=False):  # the op chooses its own dtypes
         return _forward(h, weight, bias, labels, ignore_index, label_smoothing, reduction,
                         compute_dtype, out_dtype, block_bytes,
-                        (grad_h, grad_weight, grad_bias and bias is not None))
+                        (grad_h, grad_weight, grad_bias and bias is not None), softcap)
 
 
 @linear_cross_entropy_with_grads.register_fake
 def _(h, weight, bias, labels, ignore_index, label_smoothing, reduction, compute_dtype,
-      out_dtype, block_bytes, grad_h, grad_weight, grad_bias):
+      out_dtype, block_bytes, grad_h, grad_weight, grad_bias, softcap=0.0):
     single.check_arguments(h, weight, labels, reduction)
     f32 = dict(dtype=torch.float32)
     wanted = ((grad_h, h), (grad_weight, weight), (grad_bias and bias is not None, bias))
@@ -209,7 +216,7 @@ def _autograd_backward(ctx, grad, *_unused):
                 "but was not computed in the forward (its grad_* argument was False); "
                 "recompile, or pass fuse_linear_cross_entropy=False")
         grads.append((kept * scale).to(dtype) if wanted and kept.numel() else None)
-    return (*grads, *([None] * 10))
+    return (*grads, *([None] * 11))
 
 
 linear_cross_entropy_with_grads.register_autograd(_autograd_backward,

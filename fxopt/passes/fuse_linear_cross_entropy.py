@@ -9,7 +9,10 @@ hand-written losses put between them (the upcast ``.float()`` / ``.to(torch.floa
 ``torch.matmul(h, W.transpose(0, 1))``, then optionally a bias added (one value per
 vocabulary entry: BART's ``final_logits_bias``) and numbers multiplied or divided by (Cohere's
 ``logit_scale``, Granite's ``logits_scaling``), folded into the op's h and bias:
-``(h @ W.T + b) * s == (h * s) @ W.T + b * s``. It replaces the loss by a custom op (one of
+``(h @ W.T + b) * s == (h * s) @ W.T + b * s``; and one ``tanh`` between such numbers
+(Gemma 2's final-logit soft-capping, ``cap * tanh(logits / cap)``), which the op applies to
+each block of logits (its ``softcap``: the number after the tanh; the numbers before it times
+that one are folded as above). It replaces the loss by a custom op (one of
 the two forms below), given h with the same token slicing and flattened to (tokens, hidden),
 so the graph never makes the logits (unless something else uses them: the Linear then stays
 for that user) nor keeps their log-probabilities for backward. Covered: ``ignore_index``,
@@ -30,8 +33,8 @@ backward: four matmuls, or one without a backward.
 Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
 the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
 targets, logits that are not (tokens, vocabulary) at the loss (class dim 1), logits that
-come from something other than a Linear or matmul (or reach the loss through another op,
-such as Gemma 2's tanh soft-capping; or a bias added to a Linear's own),
+come from something other than a Linear or matmul (or reach the loss through another op;
+a second tanh, or a bias added after it; or a bias added to a Linear's own),
 a cast to another dtype than fp32 on the way, and fp64 (the op's reductions run in fp32).
 
 Verdicts: matched per product and form (``linear`` / ``matmul``, then :data:`FORMS`'s
@@ -94,6 +97,7 @@ class _Site(NamedTuple):
     grads_in_forward: bool     # the with-grads form (module doc), else logits recomputed
     scale: float               # a number the logits are multiplied by: folded into h
     bias_scale: float          # the part of it applied after the bias: folded into b
+    softcap: float             # cap of ``cap * tanh(logits / cap)``; 0: none
 
 
 def _constant_arguments(ce: fx.Node) -> tuple[fx.Node, int, float, str]:
@@ -168,6 +172,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
         raise _Decline("targets that are not int64 class indices of one dim")
     vocab = value.shape[-1]
     chain, indices, node, added, scale, bias_scale = [], [], logits, None, 1.0, None
+    softcap = 0.0
     while True:
         current = example_tensor(node)
         if is_call(node, "linear"):
@@ -188,6 +193,14 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
         elif (scaled := _scaled(node)) is not None:
             source, factor = scaled
             scale *= factor
+        elif is_call(node, "tanh") and len(node.args) == 1 and not node.kwargs:
+            # P * tanh(A * z) == cap * tanh(z' / cap) with cap = P and z' = A * P * z: the
+            # numbers after the tanh (so far) are the cap, all of them are folded into h
+            if softcap:
+                raise _Decline("logits reach the loss through two tanh")
+            if added is not None:
+                raise _Decline("a bias added to the logits after their tanh")
+            softcap = scale
         elif is_call(node, "float_cast", "cast"):
             source_value = example_tensor(source)
             if current.dtype != torch.float32:
@@ -231,7 +244,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
                                   fused_accumulate)
     return _Site(ce, node, chain, h, weight, transpose, bias, indices,
                  (labels, ignore_index, smoothing, reduction), product.dtype, out.dtype,
-                 removed, wanted, in_forward, scale, bias_scale)
+                 removed, wanted, in_forward, scale, bias_scale, softcap)
 
 
 def _bias_add(node: fx.Node, vocab: Any) -> tuple[fx.Node, fx.Node]:
@@ -300,10 +313,12 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
             else site.weight
         arguments = (h, weight, bias, labels, ignore_index, smoothing, reduction,
                      site.compute_dtype, site.out_dtype, 0)
+        softcap = (site.softcap,) if site.softcap else ()  # the ops' default: none
         op = graph.call_function(
             torch.ops.fxopt.linear_cross_entropy_with_grads.default,
-            (*arguments, *site.wanted_grads)) if site.grads_in_forward else \
-            graph.call_function(torch.ops.fxopt.linear_cross_entropy.default, arguments)
+            (*arguments, *site.wanted_grads, *softcap)) if site.grads_in_forward else \
+            graph.call_function(torch.ops.fxopt.linear_cross_entropy.default,
+                                (*arguments, *softcap))
         loss = graph.call_function(operator.getitem, (op, 0))
     replaced = [site.ce, *site.chain, site.product]
     op.meta["fxopt"] = {"pass": PASS, "replaces": [n.name for n in replaced]}

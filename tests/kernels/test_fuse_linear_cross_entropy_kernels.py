@@ -49,10 +49,10 @@ def test_loss_and_gradients_equal_eager_across_blocks(shape, bias, smoothing, re
 def _op_body(h, weight, labels):
     """(loss, [dh, dW]) of the op's forward and backward bodies (aten calls, no custom op)."""
     loss, lse = lce._forward(h.detach(), weight.detach(), None, labels, -100, 0.0, "mean",
-                             torch.float32, torch.float32, 4 * 33 * 37)
+                             torch.float32, torch.float32, 4 * 33 * 37, 0.0)
     return loss, lce._backward(torch.ones(()), h.detach(), weight.detach(), None, labels,
                                lse, -100, 0.0, "mean", torch.float32, 4 * 33 * 37,
-                               (True, True, False))
+                               (True, True, False), 0.0)
 
 
 def test_a_confident_softmax_takes_no_exponent_below_fp32s_normal_range(monkeypatch):
@@ -90,6 +90,31 @@ def test_a_confident_softmax_takes_no_exponent_below_fp32s_normal_range(monkeypa
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-5)
     # fp32 rounding of sums of products 40x the other test's: relative to the largest
     for got, want in zip(grads, torch.autograd.grad(expected, (h, weight))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("form", ["recompute", "with_grads"])
+def test_softcapped_logits_equal_eagers_across_pieces(form):
+    """Gemma 2's final-logit soft-capping, ``cap * tanh(logits / cap)``, folded into both
+    forms: loss and gradients equal eager's with the capped logits stored, at a cap the
+    logits reach (|z| up to about 15 against a cap of 5, so tanh saturates), across
+    vocabulary blocks or token chunks, with a bias, label smoothing and ignored tokens."""
+    h, weight, b, labels = _inputs(33, 16, 1000, True)
+    with torch.no_grad():
+        weight.mul_(3.0)
+    if form == "recompute":
+        loss = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
+                                        torch.float32, torch.float32, 4 * 33 * 37, 5.0)[0]
+    else:
+        loss = _with_grads(h, weight, b, labels, 0.1, "mean", torch.float32, 4 * 1000 * 3,
+                           softcap=5.0)[0]
+    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", softcap=5.0)
+    assert float((expected - lce.reference(h, weight, b, labels, -100, 0.1, "mean")).abs()) \
+        > 1.0  # the cap changes the loss: it is applied, not ignored
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    # sums over the vocabulary in another order: fp32 rounding relative to the largest entry
+    for got, want in zip(torch.autograd.grad(loss, (h, weight, b)),
+                         torch.autograd.grad(expected, (h, weight, b))):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
 
 
@@ -131,10 +156,10 @@ def test_bad_arguments_raise():
 # ------------------------------------------------------- the with-grads form (chunks of rows)
 
 def _with_grads(h, weight, b, labels, smoothing, reduction, compute_dtype, block_bytes,
-                wants=(True, True, True)):
+                wants=(True, True, True), softcap=0.0):
     return with_grads.linear_cross_entropy_with_grads(
         h, weight, b, labels, -100, smoothing, reduction, compute_dtype, torch.float32,
-        block_bytes, *wants)
+        block_bytes, *wants, softcap)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -256,8 +281,8 @@ def test_chunk_rows_bound_a_chunk_to_a_16th_of_the_tokens_but_not_below_the_mini
 @pytest.mark.skipif(not triton_runs_on("cpu"),
                     reason="Triton kernels run on the CPU only with TRITON_INTERPRET=1")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing):
+@pytest.mark.parametrize("smoothing, softcap", [(0.0, 0.0), (0.1, 0.0), (0.1, 2.5)])
+def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing, softcap):
     from fxopt.kernels import fuse_linear_cross_entropy_triton as kernels
 
     generator = torch.Generator().manual_seed(1)
@@ -269,22 +294,29 @@ def test_triton_kernels_equal_references_at_odd_shapes(dtype, smoothing):
     for fold in (kernels.lse_block, lce.lse_block_reference):
         state = [torch.full((tokens,), 1.5), torch.full((tokens,), 2.0), torch.ones(tokens),
                  torch.zeros(tokens)]
-        fold(logits.clone(), labels, v0, *state, bool(smoothing))
+        fold(logits.clone(), labels, v0, *state, bool(smoothing), softcap=softcap)
         states.append(state)
+    # the kernel's tanh (from one exponential) is within 2 eps of torch's, so a capped logit
+    # within 2 eps x softcap: the running sum of a row's logits (label smoothing's) within
+    # that times the row's columns
+    atol = max(1e-6, vocab * 2 * torch.finfo(torch.float32).eps * softcap)
     for got, want in zip(*states):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=atol)
     lse = torch.randn(tokens, generator=generator) + 5
     scale = torch.rand(tokens, generator=generator) * 3
     scale[2] = 0.0
     outs = [torch.empty(tokens, vocab, dtype=dtype), torch.empty(tokens, vocab)]
-    kernels.dlogits_block(logits, outs[0], labels, v0, lse, smoothing, 1000, scale)
-    lce.dlogits_block_reference(logits, outs[1], labels, v0, lse, smoothing, 1000, scale)
+    kernels.dlogits_block(logits, outs[0], labels, v0, lse, smoothing, 1000, scale,
+                          softcap=softcap)
+    lce.dlogits_block_reference(logits, outs[1], labels, v0, lse, smoothing, 1000, scale,
+                                softcap)
     # a bf16 output: Triton's interpreter truncates fp32 to bf16 (a GPU rounds to nearest),
     # so under one bf16 ulp of the fp32 value, at most 2**-7 of it
     torch.testing.assert_close(outs[0].float(), outs[1], rtol=1e-6 if dtype == torch.float32
                                else 2**-7, atol=1e-7)
     in_place = logits.clone()
-    kernels.dlogits_block(in_place, in_place, labels, v0, lse, smoothing, 1000, scale)
+    kernels.dlogits_block(in_place, in_place, labels, v0, lse, smoothing, 1000, scale,
+                          softcap=softcap)
     torch.testing.assert_close(in_place, outs[0], rtol=0, atol=0)
     hits = ((labels >= v0) & (labels < v0 + vocab)).sum()
     assert hits >= 2  # target columns inside the block are tested
@@ -329,6 +361,22 @@ def test_at_gpt2s_vocabulary_the_kernels_compile_to_128_bit_accesses_without_spi
     # the logits in 128-bit loads (at most 4 scalar 32-bit ones: the row's label, state and
     # scale; without the span: 12 in fp32, 8 x 16-bit in bf16), their gradients in 128-bit
     # stores only
+    for r in reports:
+        assert 128 in r.loads and 16 not in r.loads and r.loads.get(32, 0) <= 4, r
+    assert all(set(r.stores) == {128} for r in reports if "dlogits" in r.label), reports
+
+
+@pytest.mark.skipif(not triton_installed(), reason="needs Triton")
+def test_the_softcapped_kernels_compile_as_the_plain_ones_at_gemma_2s_vocabulary():
+    """Gemma 2's head (256000 columns, bf16, final logits soft-capped): the soft-cap's tanh
+    (one exponential) adds no spill and no scalar access."""
+    from fxopt.kernels import aot
+
+    reports = aot.compile_specs(aot.linear_cross_entropy_specs("bf16", 256000, softcap=True),
+                                archs=(80, 90))
+    print("\n" + aot.format_table(reports))
+    assert len(reports) == 4 and all("softcap" in r.label for r in reports)
+    assert [p for r in reports for p in aot.problems(r)] == []
     for r in reports:
         assert 128 in r.loads and 16 not in r.loads and r.loads.get(32, 0) <= 4, r
     assert all(set(r.stores) == {128} for r in reports if "dlogits" in r.label), reports
@@ -411,12 +459,12 @@ def test_with_cudas_alignment_every_gemm_sees_aligned_row_strides(monkeypatch, f
     with _GemmOperands() as gemms:  # the ops' bodies: a mode sees a custom op as one call
         if form == "recompute":  # 37 columns a block, rounded up to 40: the last one padded
             loss, lse = lce._forward(*detached, labels, -100, 0.1, "mean", f32, f32,
-                                     4 * tokens * 37)
+                                     4 * tokens * 37, 0.0)
             grads = lce._backward(torch.ones(()), *detached, labels, lse, -100, 0.1, "mean",
-                                  f32, 4 * tokens * 37, (True, True, bias))
+                                  f32, 4 * tokens * 37, (True, True, bias), 0.0)
         else:  # 5 rows a chunk
             loss, *grads = with_grads._forward(*detached, labels, -100, 0.1, "mean", f32, f32,
-                                               4 * vocab * 5, (True, True, bias))
+                                               4 * vocab * 5, (True, True, bias), 0.0)
             grads = grads[:len(inputs)]
     assert len(gemms.seen) >= 3 * 3
     misaligned = [tuple(t.stride()) for t in gemms.seen

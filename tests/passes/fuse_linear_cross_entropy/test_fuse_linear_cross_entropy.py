@@ -108,6 +108,14 @@ VARIANTS = {
         (m.head(h) / 3.0).view(-1, _vocab(m)), y.view(-1)), {"bias": True}),
     "added bias (BART's final_logits_bias)": (_added_bias, {"logits_bias": True}),
     "scaled around an added bias": (_scaled_around_bias, {"logits_bias": True}),
+    # the op applies cap * tanh(z / cap) to each block: Gemma 2's final-logit soft-capping
+    # (which its logits here, of order 0.1, barely bend), and a cap of 0.2 that saturates
+    # them, the numbers around the tanh folded (0.2 * tanh(2.5 z) == 0.2 tanh(z' / 0.2))
+    "soft-capped (Gemma 2's final_logit_softcapping)": (lambda m, h, y: F.cross_entropy(
+        (torch.tanh(m.head(h) / 30.0) * 30.0).float().view(-1, _vocab(m)), y.view(-1)), {}),
+    "soft-capped to saturation, bias, smoothing": (lambda m, h, y: F.cross_entropy(
+        (0.2 * torch.tanh(m.head(h) * 2.5)).view(-1, _vocab(m)), y.view(-1),
+        label_smoothing=0.1), {"bias": True}),
 }
 
 
@@ -149,6 +157,7 @@ def _many_tokens(variant, frozen_head=False):
     ("linear mean", False), ("ignore_index 5, smoothing, sum", False),
     ("matmul W.T + bias", False), ("transformers 5 shift, smoothing", False),
     ("tied embeddings", False), ("scaled around an added bias", False),
+    ("soft-capped to saturation, bias, smoothing", False),
     ("linear mean", True),  # fine-tuning with the head frozen: no W gradient made
 ])
 def test_many_tokens_take_the_gradients_in_the_forward_and_train_like_eager(variant,
@@ -210,6 +219,22 @@ def test_autocast_linear_in_bf16_loss_in_fp32():
     assert comparison.compiled_output.dtype == torch.float32
 
 
+def test_autocast_soft_capped_logits():
+    """Soft-capping under bf16 autocast: eager caps the bf16 logits in bf16 (a rounding
+    after the scale, the tanh and the cap: 3 x 2**-9 of each capped logit, at most 0.2
+    here), the op in fp32 from the same bf16 logits. Each capped logit moves by at most
+    3e-3, a token's cross-entropy by at most twice that; the gradients by bf16's rounding
+    as above, plus eager's slope 1 - tanh**2 taken from its bf16 tanh (2 x 2**-8 of it).
+    Within bf16's tolerance on fp32 values, as the test above."""
+    torch.manual_seed(0)
+    loss, kwargs = VARIANTS["soft-capped to saturation, bias, smoothing"]
+    model = BF16Autocast(Head(loss, **kwargs))
+    tokens = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(2))
+    comparison = assert_same_as_eager(model, (tokens, _labels()), ON,
+                                      tolerances={torch.float32: (1.6e-2, 1e-2)})
+    assert comparison.fired(PASS)
+
+
 def test_inductor_code_generation():
     torch.manual_seed(0)
     model = Head(_new_shift, bias=True)
@@ -238,8 +263,12 @@ DECLINED = {
                                                      weight=torch.ones(V)),
     "reduction='none'": lambda m, h, y: F.cross_entropy(m.head(h).view(-1, V), y.view(-1),
                                                         reduction="none").sum(),
-    "logits come from call_function tanh": lambda m, h, y: F.cross_entropy(  # soft-capping
-        (torch.tanh(m.head(h) / 30.0) * 30.0).view(-1, V), y.view(-1)),
+    "through two tanh": lambda m, h, y: F.cross_entropy(
+        torch.tanh(torch.tanh(m.head(h))).view(-1, V), y.view(-1)),
+    "a bias added to the logits after their tanh": lambda m, h, y: F.cross_entropy(
+        (torch.tanh(m.head(h)) + m.final_logits_bias).view(-1, V), y.view(-1)),
+    "logits come from call_function sigmoid": lambda m, h, y: F.cross_entropy(
+        torch.sigmoid(m.head(h)).view(-1, V), y.view(-1)),
     "a bias added to the logits of a Linear with its own bias": lambda m, h, y: (
         F.cross_entropy((m.head(h) + m.final_logits_bias).view(-1, V), y.view(-1))),
     "cast to torch.bfloat16": lambda m, h, y: F.cross_entropy(
