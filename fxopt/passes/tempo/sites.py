@@ -206,7 +206,7 @@ def match_layer_norm_formula(node: fx.Node) -> Site | str | None:
     if is_call(final, "mul") and len(final.args) == 2 and scaled in final.args:
         w = final.args[1] if final.args[0] is scaled else final.args[0]
         w_value = example_tensor(w)
-        if w_value is not None and w_value.dim() == 1:
+        if w_value is not None and tuple(w_value.shape) == (h_value.shape[-1],):
             weight, result = w, final
             replaced.add(final)
             if is_call(w, "cast") and only_user(w) is final and \
@@ -228,8 +228,6 @@ def match_layer_norm_formula(node: fx.Node) -> Site | str | None:
     n = h_value.shape[-1]
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
-    if weight is not None and tuple(example_tensor(weight).shape) != (n,):
-        return None
     # eager keeps both centerings (one where they are one node), the normalized input for
     # the weight's gradient, and rstd (as tempo does: no mean, unlike F.layer_norm)
     kept = 1 + (other is not centered) + weighted

@@ -70,6 +70,17 @@ def _cohere_layer_norm(dim):
     return CohereLayerNorm(dim)
 
 
+class _OneCenteringLayerNorm(nn.Module):
+    """A LayerNorm by hand that centers once and has no weight."""
+
+    def __init__(self, _dim):
+        super().__init__()
+
+    def forward(self, x):
+        centered = x - x.mean(-1, keepdim=True)
+        return centered * torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
 def _new_gelu(_dim):
     from transformers.activations import NewGELUActivation
 
@@ -97,6 +108,7 @@ class _FunctionalLayerNorm(nn.LayerNorm):
     # by hand: the centering written twice, the weight cast to fp32, a no-op cast back
     pytest.param(_cohere_layer_norm, "layer_norm", id="cohere_layer_norm",
                  marks=needs_transformers),
+    pytest.param(_OneCenteringLayerNorm, "layer_norm", id="one_centering_layer_norm"),
 ])
 def test_each_site_kind_is_rewritten_and_matches_eager(middle, kind):
     torch.manual_seed(0)
