@@ -244,6 +244,29 @@ def test_both_forms_on_cuda_in_bf16_match_eager(form):
     _assert_bf16_form_equals_eager(form, *cuda, pieces=4)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["recompute", "with_grads"])
+def test_softcapped_forms_on_cuda_match_eager(form):
+    """The soft-capped Triton kernels on a GPU (fp32 logits, so eager caps them in fp32
+    too): as the CPU test of both forms, across pieces, at a saturating cap."""
+    h, weight, b, labels = (t.detach().cuda().requires_grad_(t.requires_grad)
+                            if t.is_floating_point() else t.cuda()
+                            for t in _inputs(333, 64, 5003, True))
+    with torch.no_grad():
+        weight.mul_(3.0)
+    if form == "recompute":
+        loss = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
+                                        torch.float32, torch.float32, 4 * 333 * 1000, 5.0)[0]
+    else:
+        loss = _with_grads(h, weight, b, labels, 0.1, "mean", torch.float32, 4 * 5003 * 100,
+                           softcap=5.0)[0]
+    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", softcap=5.0)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(loss, (h, weight, b)),
+                         torch.autograd.grad(expected, (h, weight, b))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
 @pytest.mark.parametrize("form", ["recompute", "with_grads"])
 def test_a_second_derivative_is_refused_not_silently_wrong(form):
     h, weight, b, labels = _inputs(7, 5, 131, False)
