@@ -134,9 +134,13 @@ def _tiny(tmp_path, *args):
 
 
 def test_a_resumed_check_keeps_what_ran_and_runs_the_rest(tmp_path):
-    first = _tiny(tmp_path, "--only", "AdamW on the device")
+    """The first run also writes its file where the session's next command resumes from
+    (``--also-to``)."""
+    first = _tiny(tmp_path, "--only", "AdamW on the device", "--also-to",
+                  str(tmp_path / "kept"))
     assert first.returncode == 0, first.stderr[-3000:]
     path = tmp_path / "gpu_check_cpu-tiny.md"
+    assert (tmp_path / "kept" / path.name).read_text() == path.read_text()
     (reference,) = [line for line in path.read_text().splitlines()
                     if line.startswith("| AdamW on the device |")]
     second = _tiny(tmp_path, "--resume", "--only", "AdamW on the device", "cpu_fraction=0.5")
@@ -177,14 +181,6 @@ def test_a_continue_too_short_for_calibrate_and_the_check_is_refused(tmp_path):
                            "--continue", "100"], env={**_env(), "OUT": str(tmp_path)},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "need at least 105 s" in done.stderr
-
-
-def test_a_check_also_writes_its_file_where_the_next_command_resumes_from(tmp_path):
-    done = _tiny(tmp_path / "out", "--only", "AdamW on the device", "--also-to",
-                 str(tmp_path / "kept"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    name = "gpu_check_cpu-tiny.md"
-    assert (tmp_path / "kept" / name).read_text() == (tmp_path / "out" / name).read_text()
 
 
 
