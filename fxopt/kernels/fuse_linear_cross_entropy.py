@@ -70,14 +70,13 @@ import torch.nn.functional as F
 from fxopt import _compat
 from fxopt.kernels import triton_runs_on
 
-__all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_bytes_for",
-           "block_columns", "block_count", "check_arguments", "dlogits_block_reference",
-           "fused_fp32_accumulate", "linear_cross_entropy", "linear_cross_entropy_backward",
-           "logit_bytes", "lse_block_reference", "mm_fp32", "padded_kernels", "padded_rows",
-           "reference", "refuse_double_backward", "row_alignment", "softcapped_",
-           "subtract_targets_",
-           "temporary_bytes", "token_scales", "triton_kernels", "uses_triton",
-           "uses_triton_on"]
+__all__ = ["EXP_FLOOR", "MIN_BLOCK_COLUMNS", "add_mm_fp32", "block_bytes_for", "block_columns",
+           "block_count", "check_arguments", "dlogits_block_reference", "fused_fp32_accumulate",
+           "linear_cross_entropy", "linear_cross_entropy_backward", "logit_bytes",
+           "lse_block_reference", "mm_fp32", "padded_kernels", "padded_rows", "reference",
+           "refuse_double_backward", "row_alignment", "softcap_tanh", "softcapped_",
+           "subtract_targets_", "temporary_bytes", "times_softcap_slope_", "token_scales",
+           "triton_kernels", "uses_triton", "uses_triton_on"]
 
 BLOCK_FRACTION = 64
 MIN_BLOCK_COLUMNS = 128
@@ -159,6 +158,19 @@ def softcapped_(z: torch.Tensor, softcap: float) -> torch.Tensor:
     return z.div_(softcap).tanh_().mul_(softcap) if softcap else z
 
 
+def softcap_tanh(z: torch.Tensor, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``softcap * tanh(z / softcap)``, ``tanh(z / softcap)``) in fp32, tensors of their own
+    whatever ``z``'s dtype: the capped logits, and what the gradient's slope is taken from
+    (:func:`times_softcap_slope_`)."""
+    tanh = z.float().div(softcap).tanh_()
+    return tanh * softcap, tanh
+
+
+def times_softcap_slope_(grad: torch.Tensor, tanh: torch.Tensor) -> None:
+    """``grad *= 1 - tanh**2`` in place, the soft-cap's slope (``tanh`` is consumed)."""
+    grad.mul_(tanh.square_().neg_().add_(1.0))
+
+
 def lse_block_reference(z: torch.Tensor, labels: torch.Tensor, v0: int, m: torch.Tensor,
                         s: torch.Tensor, sum_z: torch.Tensor, target: torch.Tensor,
                         smooth: bool, softcap: float = 0.0) -> None:
@@ -188,15 +200,15 @@ def dlogits_block_reference(z: torch.Tensor, out: torch.Tensor, labels: torch.Te
     (``softcap``): the softmax of ``softcap * tanh(z / softcap)``, and the gradient times
     that function's slope, ``1 - tanh(z / softcap)**2``."""
     if softcap:
-        tanh = z.float().div(softcap).tanh_()  # a tensor of its own, whatever z's dtype
-        p = torch.mul(tanh, softcap).sub_(lse.unsqueeze(1)).clamp_(min=EXP_FLOOR).exp_()
+        capped, tanh = softcap_tanh(z, softcap)
+        p = capped.sub_(lse.unsqueeze(1)).clamp_(min=EXP_FLOOR).exp_()
     else:
         buffer = out if out.dtype == torch.float32 else None
         p = torch.sub(z, lse.unsqueeze(1), out=buffer).float().clamp_(min=EXP_FLOOR).exp_()
     subtract_targets_(p, labels, v0, label_smoothing, vocab)
     p.mul_(row_scale.unsqueeze(1))
     if softcap:
-        p.mul_(tanh.square_().neg_().add_(1.0))
+        times_softcap_slope_(p, tanh)
     if p is not out:
         out.copy_(p)
 

@@ -101,7 +101,7 @@ def softmax_rows_reference(z: torch.Tensor, row_scale: torch.Tensor
 def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype, softcap):
     """(the logits' gradient, scaled per token and in the compute dtype; the per-token
     loss) of one chunk's whole-row logits ``z`` (soft-capped where ``softcap`` is not 0:
-    the sibling's ``softcapped_``, and the gradient times its slope)."""
+    the sibling's ``softcap_tanh``, and the gradient times its slope)."""
     rows = z.shape[0]
     if single.uses_triton(z):
         fold, gradient = single.padded_kernels()  # z: a prefix of its padded product
@@ -113,14 +113,13 @@ def _chunk_gradient(z, labels, row_scale, smoothing, vocab, compute_dtype, softc
         gradient(z, z, labels, 0, lse, smoothing, vocab, row_scale, softcap=softcap)
         dz = z  # overwritten with its scaled gradient, in the compute dtype
     else:
-        tanh = z.float().div(softcap).tanh_() if softcap else None
-        capped = z if tanh is None else tanh * softcap
+        capped, tanh = single.softcap_tanh(z, softcap) if softcap else (z, None)
         target = capped.gather(1, labels.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1).float()
         sum_z = capped.float().sum(1) if smoothing else None
         dz, lse = softmax_rows_reference(capped, row_scale)
         single.subtract_targets_(dz, labels, 0, smoothing, vocab, row_scale)
         if tanh is not None:
-            dz.mul_(tanh.square_().neg_().add_(1.0))  # the soft-cap's slope
+            single.times_softcap_slope_(dz, tanh)
         # back into z where it is a padded view (CUDA without Triton): its aligned stride
         dz = dz.to(compute_dtype) if z.is_contiguous() else z.copy_(dz)
     per_token = (1.0 - smoothing) * (lse - target)

@@ -99,15 +99,24 @@ def test_softcapped_logits_equal_eagers_across_pieces(form):
     forms: loss and gradients equal eager's with the capped logits stored, at a cap the
     logits reach (|z| up to about 15 against a cap of 5, so tanh saturates), across
     vocabulary blocks or token chunks, with a bias, label smoothing and ignored tokens."""
-    h, weight, b, labels = _inputs(33, 16, 1000, True)
+    _assert_softcapped_form_equals_eager(form, *_inputs(33, 16, 1000, True), columns=37,
+                                         rows=3)
+
+
+def _assert_softcapped_form_equals_eager(form, h, weight, b, labels, columns, rows):
+    """``form`` at a cap of 5 with W scaled 3x (so the cap saturates), cut in blocks of
+    ``columns`` vocabulary columns or chunks of ``rows`` tokens, against eager with the
+    fp32 capped logits stored."""
+    tokens, vocab = h.shape[0], weight.shape[0]
     with torch.no_grad():
         weight.mul_(3.0)
     if form == "recompute":
         loss = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
-                                        torch.float32, torch.float32, 4 * 33 * 37, 5.0)[0]
+                                        torch.float32, torch.float32, 4 * tokens * columns,
+                                        5.0)[0]
     else:
-        loss = _with_grads(h, weight, b, labels, 0.1, "mean", torch.float32, 4 * 1000 * 3,
-                           softcap=5.0)[0]
+        loss = _with_grads(h, weight, b, labels, 0.1, "mean", torch.float32,
+                           4 * vocab * rows, softcap=5.0)[0]
     expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", softcap=5.0)
     assert float((expected - lce.reference(h, weight, b, labels, -100, 0.1, "mean")).abs()) \
         > 1.0  # the cap changes the loss: it is applied, not ignored
@@ -249,22 +258,9 @@ def test_both_forms_on_cuda_in_bf16_match_eager(form):
 def test_softcapped_forms_on_cuda_match_eager(form):
     """The soft-capped Triton kernels on a GPU (fp32 logits, so eager caps them in fp32
     too): as the CPU test of both forms, across pieces, at a saturating cap."""
-    h, weight, b, labels = (t.detach().cuda().requires_grad_(t.requires_grad)
-                            if t.is_floating_point() else t.cuda()
-                            for t in _inputs(333, 64, 5003, True))
-    with torch.no_grad():
-        weight.mul_(3.0)
-    if form == "recompute":
-        loss = lce.linear_cross_entropy(h, weight, b, labels, -100, 0.1, "mean",
-                                        torch.float32, torch.float32, 4 * 333 * 1000, 5.0)[0]
-    else:
-        loss = _with_grads(h, weight, b, labels, 0.1, "mean", torch.float32, 4 * 5003 * 100,
-                           softcap=5.0)[0]
-    expected = lce.reference(h, weight, b, labels, -100, 0.1, "mean", softcap=5.0)
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
-    for got, want in zip(torch.autograd.grad(loss, (h, weight, b)),
-                         torch.autograd.grad(expected, (h, weight, b))):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+    cuda = [t.detach().cuda().requires_grad_(t.requires_grad) if t.is_floating_point()
+            else t.cuda() for t in _inputs(333, 64, 5003, True)]
+    _assert_softcapped_form_equals_eager(form, *cuda, columns=1000, rows=100)
 
 
 @pytest.mark.parametrize("form", ["recompute", "with_grads"])
