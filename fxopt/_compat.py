@@ -1,7 +1,8 @@
 """The one adapter between fxopt and torch's private APIs.
 
 fxopt needs a few things torch does not expose publicly: AOTAutograd's entry for backends,
-its partitioners, Inductor's per-graph compiler and decomposition table, Dynamo's
+its partitioners, Inductor's per-graph compiler and decomposition table (and its Triton
+code generated for CPU graphs, read without compiling it), Dynamo's
 graph-break counters and the C bindings it records ``F.linear``/``F.gelu`` as, the pytree
 utilities, ``OpOverload`` and schema alias sets, ``TorchDispatchMode`` (documented, but in
 a private module) and the min-cut partitioner's activation budget. Every such import lives
@@ -30,8 +31,9 @@ __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition",
     "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
-    "fake_mode_of", "graph_break_counts", "inductor_compile", "inductor_decompositions",
-    "inductor_graph_context", "inductor_inference_passes", "inductor_partition",
+    "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
+    "inductor_decompositions", "inductor_graph_context", "inductor_inference_passes",
+    "inductor_partition", "inductor_triton_code_on_cpu",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
     "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "queue_backward_callback",
     "size_hint", "tree_flatten",
@@ -421,3 +423,74 @@ def autograd_dispatch_restored() -> Any:
                 keys.ADInplaceOrView):
         exclude = exclude.remove(key)  # only what the wrapper excluded: autocast stays as is
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+class _TritonCodeCaptured(Exception):
+    """Raised where Inductor would load a graph's generated code, once it is recorded."""
+
+
+@contextlib.contextmanager
+def inductor_triton_code_on_cpu() -> Iterator[list[str]]:
+    """Inside, Inductor generates Triton code (the code generator it uses on CUDA) for the
+    CPU graphs it compiles, and each graph's output code (its kernels, their launches, the
+    extern GEMM calls, and Inductor's own estimate of each kernel's bytes,
+    ``kernel_num_gb``) is appended to the yielded list instead of being loaded; the graph
+    then runs as its uncompiled fx code, so a training step completes. No Triton driver is
+    needed: nothing generated is compiled. Inductor's caches are off inside (a cached
+    graph would skip the code generation). Compile with :func:`inductor_compile` (fxopt's
+    Inductor path) or :func:`inductor_backend` (plain ``torch.compile``'s)."""
+    import torch.utils._triton as triton_utils
+    from torch._functorch import config as functorch_config
+    from torch._inductor import codecache
+    from torch._inductor import compile_fx as compile_fx_module
+    from torch._inductor import config as inductor_config
+
+    sources: list[str] = []
+    real_compile = compile_fx_module.compile_fx_inner
+
+    def record(cls: Any, key: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        with open(path) as file:
+            sources.append(file.read())
+        raise _TritonCodeCaptured(path)
+
+    def compile_and_capture(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                            **kwargs: Any) -> Any:
+        fallback = fx.GraphModule(gm, copy_graph(gm.graph))  # Inductor's passes edit gm
+        try:
+            return real_compile(gm, example_inputs, **kwargs)
+        except Exception as error:
+            cause: BaseException | None = error
+            while cause is not None and not isinstance(cause, _TritonCodeCaptured):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+        return boxed_fx_callable(fallback)
+
+    patches = {"cpu_backend": "triton", "benchmark_kernel": True, "fx_graph_cache": False}
+    autograd_cache = getattr(functorch_config, "enable_autograd_cache", None)
+    saved = (codecache.PyCodeCache.__dict__["load_by_key_path"],
+             triton_utils.triton_hash_with_backend)
+    with inductor_config.patch(patches):
+        codecache.PyCodeCache.load_by_key_path = classmethod(record)
+        triton_utils.triton_hash_with_backend = lambda: "0" * 64
+        compile_fx_module.compile_fx_inner = compile_and_capture
+        if autograd_cache is not None:
+            functorch_config.enable_autograd_cache = False
+        try:
+            yield sources
+        finally:
+            codecache.PyCodeCache.load_by_key_path = saved[0]
+            triton_utils.triton_hash_with_backend = saved[1]
+            compile_fx_module.compile_fx_inner = real_compile
+            if autograd_cache is not None:
+                functorch_config.enable_autograd_cache = autograd_cache
+
+
+def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """Plain ``torch.compile``'s backend, with the per-graph compiler looked up at the
+    call (so :func:`inductor_triton_code_on_cpu` reaches it, where ``compile_fx``'s
+    default argument was bound at import)."""
+    from torch._inductor import compile_fx as compile_fx_module
+
+    return compile_fx_module.compile_fx(gm, example_inputs,
+                                        inner_compile=compile_fx_module.compile_fx_inner)

@@ -7,6 +7,8 @@
   a liveness simulation of the forward then backward graphs (or of the joint graph).
 - :mod:`~fxopt.analysis.measure`: the same quantities measured on real tensors on any
   device, the ground truth the predictions are tested against.
+- :mod:`~fxopt.analysis.generated_kernels`: the kernels Inductor's Triton code generator
+  makes for a step's graphs (launches, bytes, gathers, GEMM calls), read on the CPU.
 
 All are pure functions of the graph: they read node metadata and never change a graph
 (except :func:`ensure_fake_values`, whose job is to fill in missing ``meta["val"]``).

@@ -1,0 +1,158 @@
+"""What Inductor would launch on a GPU for GPT-2's step, per configuration, read on the CPU.
+
+Inductor generates Triton (its CUDA code generator) for the step's graphs while the step
+runs uncompiled (:mod:`fxopt.analysis.generated_kernels`), so the kernels, their launches,
+Inductor's own byte estimates and their gathers are counted exactly without a GPU. Per
+block figures are the difference of the model at 2 layers and at 1 (the embedding, final
+norm, head and loss cancel); "rest" is the 1-layer model less one block.
+
+Model: transformers GPT-2 at the GPU table's width (hidden 768, 12 heads, seq 1024,
+batch 8, vocabulary 50257), SDPA, bf16 autocast, residual and embedding dropout 0.1, its
+own loss, transformers' logging break left in. Attention dropout is 0: the CPU's SDPA
+kernel takes none (with it, SDPA is decomposed into generated kernels), while on CUDA the
+flash/cuDNN kernel draws it inside, so both call one extern kernel.
+
+The predicted column prices each generated kernel launch at max(bytes / bandwidth,
+launch latency) with the H200 profile (``fxopt.planner.hardware.KNOWN_GPUS``): the
+elementwise and reduction part of the step, not its GEMMs or attention.
+
+Usage:
+    PYTHONPATH=. python benchmarks/generated_kernels.py [--hidden 768 --seq 1024 --batch 8]
+        [--out benchmarks/results/generated_kernels_cpu.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+import fxopt
+from fxopt import _compat
+from fxopt.analysis.generated_kernels import GeneratedCode, generated_code
+from fxopt.planner.hardware import KNOWN_GPUS
+
+CONFIGS = {
+    "torch.compile": None,
+    "fxopt defaults (Inductor)": {"codegen": "inductor"},
+    "fxopt tempo=True": {"codegen": "inductor", "tempo": True},
+    "fxopt memory_budget=0.5": {"codegen": "inductor", "memory_budget": 0.5},
+}
+
+
+def gpt2(layers: int, hidden: int, seq: int, batch: int, vocab: int):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
+        n_head=hidden // 64, attn_pdrop=0.0, resid_pdrop=0.1, embd_pdrop=0.1,
+        use_cache=False)
+    config._attn_implementation = "sdpa"
+    model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def step_code(options: dict | None, layers: int, size: dict) -> list[GeneratedCode]:
+    torch._dynamo.reset()
+    model, kwargs = gpt2(layers, **size)
+    backend = _compat.inductor_backend if options is None else fxopt.backend(**options)
+    compiled = torch.compile(model, backend=backend)
+
+    def step() -> None:
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = compiled(**kwargs).loss
+        loss.backward()
+
+    return generated_code(step)
+
+
+class Totals:
+    """One model's generated code summed, forward graphs and backward graphs apart."""
+
+    def __init__(self, codes: list[GeneratedCode]):
+        # compilation order: every forward graph, then the backwards (in reverse order)
+        half = len(codes) // 2
+        self.parts = {"forward": codes[:half], "backward": codes[half:]}
+
+    def sum(self, part: str, what: str) -> float:
+        return sum(getattr(code, what) for code in self.parts[part])
+
+    def calls(self, part: str) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for code in self.parts[part]:
+            total.update(code.extern_calls)
+            total.update(code.fallback_calls)
+        return total
+
+    def seconds(self, part: str) -> float:
+        hw = KNOWN_GPUS["H200"]
+        return sum(k.launches * max(k.bytes / hw.memory_bandwidth, hw.kernel_latency_seconds)
+                   for code in self.parts[part] for k in code.kernels)
+
+
+def _calls(counter: Counter[str]) -> str:
+    return ", ".join(f"{name} {count:g}" for name, count in sorted(counter.items())
+                     if count) or "-"
+
+
+def rows(name: str, one: Totals, two: Totals) -> list[str]:
+    lines = []
+    for part in ("forward", "backward"):
+        block = {what: two.sum(part, what) - one.sum(part, what)
+                 for what in ("launches", "bytes", "indirect_loads")}
+        rest = {what: one.sum(part, what) - block[what] for what in block}
+        calls = two.calls(part)
+        calls.subtract(one.calls(part))
+        block_ms = (two.seconds(part) - one.seconds(part)) * 1e3
+        lines.append(
+            f"| {name} | {part} | {block['launches']:.0f} | {block['bytes'] / 2**20:.0f} "
+            f"| {block['indirect_loads']:.0f} | {_calls(calls)} | {block_ms:.3f} "
+            f"| {rest['launches']:.0f} | {rest['bytes'] / 2**20:.0f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    size = dict(hidden=args.hidden, seq=args.seq, batch=args.batch, vocab=args.vocab)
+    command = "PYTHONPATH=. python benchmarks/generated_kernels.py " + shlex.join(
+        argv if argv is not None else sys.argv[1:])
+    lines = [
+        "# Inductor's generated kernels for GPT-2's training step, read on the CPU",
+        "",
+        f"Command: `{command}`; torch {torch.__version__}. GPT-2 {size}, SDPA, bf16 "
+        "autocast, dropout 0.1 (attention's 0), its own loss, the logging break left in.",
+        "Per block: the model at 2 layers less at 1. Launches and bytes of the kernels "
+        "Inductor generates (GEMMs and attention are extern calls, listed apart); "
+        "gathers: indirect loads; H200 ms: each launch at max(bytes / bandwidth, launch "
+        "latency), the H200 profile.",
+        "",
+        "| configuration | pass | launches / block | MiB / block | gathers / block "
+        "| extern and fallback calls / block | H200 ms / block | launches, rest "
+        "| MiB, rest |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for name in args.configs:
+        one, two = (Totals(step_code(CONFIGS[name], layers, size)) for layers in (1, 2))
+        lines += rows(name, one, two)
+        print("\n".join(lines[-2:]), flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
