@@ -32,8 +32,8 @@ __all__ = [
     "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition",
     "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
-    "inductor_decompositions", "inductor_graph_context", "inductor_inference_passes",
-    "inductor_partition", "inductor_triton_code_on_cpu",
+    "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",
+    "inductor_inference_passes", "inductor_partition", "inductor_triton_code_on_cpu",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
     "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "queue_backward_callback",
     "size_hint", "tree_flatten",
@@ -423,6 +423,14 @@ def autograd_dispatch_restored() -> Any:
                 keys.ADInplaceOrView):
         exclude = exclude.remove(key)  # only what the wrapper excluded: autocast stays as is
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def inductor_generates_triton(device: torch.device) -> bool:
+    """Whether Inductor generates Triton (not C++) for graphs on ``device``: on a GPU, or
+    on the CPU where its ``cpu_backend`` says so (:func:`inductor_triton_code_on_cpu`)."""
+    from torch._inductor import config as inductor_config
+
+    return device.type != "cpu" or inductor_config.cpu_backend == "triton"
 
 
 class _TritonCodeCaptured(Exception):

@@ -13,7 +13,7 @@ survives it (the ``saved`` column).
 
 Differences from the custom ops, for fusion only: masks are packed by shift-and-or
 (:func:`pack_bits_fusible`) and read back by shift-and-mask, the norms rebuild x_hat
-through a one-hot matrix of the guarded columns (recomputable, see ``_xhat_from_output``),
+reading the guarded columns by ops the partitioner may recompute (``_xhat_from_output``),
 and GELU's backward reads the same dense derivative table as the CPU reference
 (``gelu._dense_table``: two gathers, which Inductor turns into indirect loads inside the
 fused kernel), unchunked, since a fused kernel has no temporaries to bound. The table
@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fxopt import _compat
 from fxopt.kernels.tempo import attention as _attention
 from fxopt.kernels.tempo import gelu as _gelu
 from fxopt.kernels.tempo import norm as _norm
@@ -130,16 +131,33 @@ def _grad_like(grad: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor | Non
 def _xhat_from_output(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                       guard_xhat: torch.Tensor, guard_index: torch.Tensor) -> torch.Tensor:
     """``norm._xhat_from_output`` in ops the partitioners may recompute in the backward
-    (pointwise ops and sums): the guarded columns through a one-hot [capacity, n] matrix,
-    not index_fill/index_copy. Those are not recomputable, so the partitioner ran them in
-    the forward and kept their result, the dense x_hat (measured: a LayerNorm between two
-    Linears kept y and x_hat, 4501 bytes, instead of y, rstd and the guard, 2416)."""
+    (pointwise ops, indexing and sums over the guard), not index_fill/index_copy. Those are
+    not recomputable, so the partitioner ran them in the forward and kept their result,
+    the dense x_hat (measured: a LayerNorm between two Linears kept y and x_hat, 4501
+    bytes, instead of y, rstd and the guard, 2416).
+
+    The guarded columns' saved values are read in the form that Inductor's code generator
+    for the device runs best (:func:`fxopt._compat.inductor_generates_triton`):
+
+    - Triton (CUDA): each column reads its value through its slot in the guard (an [n]
+      index from a [capacity, n] comparison), a gather inside the row that Inductor fuses
+      into the norm's backward. Summed over a one-hot product instead, the values became a
+      dense [rows, n] fp32 tensor written and read back: at GPT-2's GPU size, 96 MiB and 2
+      launches more a block (benchmarks/results/generated_kernels_cpu.md);
+    - C++ (the CPU): through the one-hot [capacity, n] product summed, whose dense
+      [rows, n] values stay in cache there, where gathers do not vectorize: the gather
+      form took 1.02-1.04x its step (GPT-2 and BERT at the suite size, bf16, one thread)."""
     n = weight.numel()
-    onehot = (guard_index[:, None] == torch.arange(n, device=y.device)).float()
-    guarded = onehot.sum(0) > 0
+    matches = guard_index[:, None] == torch.arange(n, device=y.device)
+    guarded = matches.any(0)
     rows = y.reshape(-1, n).float()
     from_output = (rows - bias) / torch.where(guarded, 1.0, weight)
-    saved = (guard_xhat[:, :, None] * onehot).sum(1)
+    if _compat.inductor_generates_triton(y.device):
+        slots = torch.arange(guard_index.numel(), device=y.device)
+        slot = (matches * slots[:, None]).sum(0)  # 0 (any valid slot) where not guarded
+        saved = guard_xhat[:, slot]
+    else:
+        saved = (guard_xhat[:, :, None] * matches.float()).sum(1)
     return torch.where(guarded, saved, from_output)
 
 

@@ -39,7 +39,11 @@ def test_fusible_gelu_gradient_equals_the_reference(approximate):
     torch.testing.assert_close(x.grad, expected, rtol=0, atol=2e-6)
 
 
-def test_fusible_norm_xhat_equals_the_custom_ops():
+@pytest.mark.parametrize("code_generator", ["cpp", "triton"])
+def test_fusible_norm_xhat_equals_the_custom_ops(code_generator):
+    """Both forms (the one-hot sum Inductor's C++ runs, the slot gather its Triton runs)."""
+    from torch._inductor import config as inductor_config
+
     generator = torch.Generator().manual_seed(2)
     y = torch.randn(5, 37, generator=generator)
     weight, bias = torch.randn(37, generator=generator), torch.randn(37, generator=generator)
@@ -47,7 +51,8 @@ def test_fusible_norm_xhat_equals_the_custom_ops():
     guard = torch.tensor([3, 20])
     guard_xhat = torch.randn(5, 2, generator=generator)
     expected = norm._xhat_from_output(y, weight, bias, guard_xhat, guard)
-    actual = fusible._xhat_from_output(y, weight, bias, guard_xhat, guard)
+    with inductor_config.patch(cpu_backend=code_generator):
+        actual = fusible._xhat_from_output(y, weight, bias, guard_xhat, guard)
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
 
 
