@@ -16,6 +16,13 @@ The predicted column prices each generated kernel launch at max(bytes / bandwidt
 launch latency) with the H200 profile (``fxopt.planner.hardware.KNOWN_GPUS``): the
 elementwise and reduction part of the step, not its GEMMs or attention.
 
+Rows: plain torch.compile, fxopt's defaults, tempo, the fraction budget against Inductor's
+own activation_memory_budget (issue 29.4's GPU bar compares those two), and with
+transformers' logging break ignored plain torch.compile against the fused loss with
+fxopt.drop_logits (issue 29.3's). The fused loss's op is one call to fxopt's own op
+(Triton kernels on CUDA, priced by ``fxopt.planner.forms.linear_cross_entropy_work``), so
+its row counts what Inductor generates around it.
+
 Usage:
     PYTHONPATH=. python benchmarks/generated_kernels.py [--hidden 768 --seq 1024 --batch 8]
         [--out benchmarks/results/generated_kernels_cpu.md]
@@ -24,10 +31,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,11 +47,30 @@ from fxopt import _compat
 from fxopt.analysis.generated_kernels import GeneratedCode, generated_code
 from fxopt.planner.hardware import KNOWN_GPUS
 
+
+@dataclass(frozen=True)
+class Config:
+    """A row: fxopt's options (None: plain torch.compile), a context around the step (the
+    logging break ignored, Inductor's activation budget), the model wrapped by
+    :func:`fxopt.drop_logits` or not."""
+
+    options: dict | None = None
+    context: Callable[[], Any] = contextlib.nullcontext
+    drop_logits: bool = False
+
+
+UNBROKEN = fxopt.ignore_transformers_logging
 CONFIGS = {
-    "torch.compile": None,
-    "fxopt defaults (Inductor)": {"codegen": "inductor"},
-    "fxopt tempo=True": {"codegen": "inductor", "tempo": True},
-    "fxopt memory_budget=0.5": {"codegen": "inductor", "memory_budget": 0.5},
+    "torch.compile": Config(),
+    "fxopt defaults (Inductor)": Config({"codegen": "inductor"}),
+    "fxopt tempo=True": Config({"codegen": "inductor", "tempo": True}),
+    "fxopt memory_budget=0.5": Config({"codegen": "inductor", "memory_budget": 0.5}),
+    "Inductor activation_memory_budget=0.5": Config(
+        context=lambda: _compat.activation_memory_budget(0.5)),
+    # issue 29.3's bar compares these: the head and the loss in one graph
+    "torch.compile, logging break ignored": Config(context=UNBROKEN),
+    "fxopt fuse_linear_cross_entropy=True, drop_logits, logging break ignored": Config(
+        {"codegen": "inductor", "fuse_linear_cross_entropy": True}, UNBROKEN, True),
 }
 
 
@@ -58,14 +88,17 @@ def gpt2(layers: int, hidden: int, seq: int, batch: int, vocab: int):
     return model, {"input_ids": ids, "labels": ids}
 
 
-def step_code(options: dict | None, layers: int, size: dict) -> list[GeneratedCode]:
+def step_code(config: Config, layers: int, size: dict) -> list[GeneratedCode]:
     torch._dynamo.reset()
     model, kwargs = gpt2(layers, **size)
-    backend = _compat.inductor_backend if options is None else fxopt.backend(**options)
+    if config.drop_logits:
+        model = fxopt.drop_logits(model)
+    backend = (_compat.inductor_backend if config.options is None
+               else fxopt.backend(**config.options))
     compiled = torch.compile(model, backend=backend)
 
     def step() -> None:
-        with torch.autocast("cpu", torch.bfloat16):
+        with config.context(), torch.autocast("cpu", torch.bfloat16):
             loss = compiled(**kwargs).loss
         loss.backward()
 
@@ -113,7 +146,8 @@ def rows(name: str, one: Totals, two: Totals) -> list[str]:
         lines.append(
             f"| {name} | {part} | {block['launches']:.0f} | {block['bytes'] / 2**20:.0f} "
             f"| {block['indirect_loads']:.0f} | {_calls(calls)} | {block_ms:.3f} "
-            f"| {rest['launches']:.0f} | {rest['bytes'] / 2**20:.0f} |")
+            f"| {rest['launches']:.0f} | {rest['bytes'] / 2**20:.0f} "
+            f"| {_calls(one.calls(part) - calls)} |")
     return lines
 
 
@@ -123,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS),
+                        metavar="CONFIG", help="rows, by name (default: all)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     size = dict(hidden=args.hidden, seq=args.seq, batch=args.batch, vocab=args.vocab)
@@ -141,8 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "| configuration | pass | launches / block | MiB / block | gathers / block "
         "| extern and fallback calls / block | H200 ms / block | launches, rest "
-        "| MiB, rest |",
-        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+        "| MiB, rest | calls, rest |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
     ]
     for name in args.configs:
         one, two = (Totals(step_code(CONFIGS[name], layers, size)) for layers in (1, 2))
