@@ -10,8 +10,9 @@
 - :mod:`~fxopt.analysis.generated_kernels`: the kernels Inductor's Triton code generator
   makes for a step's graphs (launches, bytes, gathers, GEMM calls), read on the CPU.
 
-All are pure functions of the graph: they read node metadata and never change a graph
-(except :func:`ensure_fake_values`, whose job is to fill in missing ``meta["val"]``).
+shapes, cost and memory are pure functions of the graph: they read node metadata and
+never change a graph (except :func:`ensure_fake_values`, whose job is to fill in missing
+``meta["val"]``); measure and generated_kernels run it.
 """
 
 from fxopt.analysis.cost import (

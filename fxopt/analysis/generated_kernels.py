@@ -104,4 +104,8 @@ def generated_code(step: Callable[[], Any]) -> list[GeneratedCode]:
     then their backwards)."""
     with _compat.inductor_triton_code_on_cpu() as sources:
         step()
+    if not sources:
+        raise RuntimeError("fxopt: no graph was compiled during the step, so no generated "
+                           "code was read: call torch._dynamo.reset() before the compiled "
+                           "model's first call, and compile with Inductor")
     return [read_output_code(source) for source in sources]

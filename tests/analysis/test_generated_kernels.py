@@ -47,9 +47,11 @@ def test_a_step_reads_its_kernels_gemms_and_gathers_and_computes_eagers_values()
     assert forward.bytes >= ids.numel() * 8 + ids.numel() * 24 * 4
 
 
-def test_other_text_is_refused():
+def test_other_text_is_refused_and_a_step_that_compiles_nothing_says_so():
     with pytest.raises(ValueError, match="not Inductor output code"):
         read_output_code("import torch\n")
+    with pytest.raises(RuntimeError, match="no graph was compiled"):
+        generated_code(lambda: torch.ones(3).sum())
 
 
 def _gpt2_code(backend, layers=1):
