@@ -474,7 +474,10 @@ def inductor_triton_code_on_cpu() -> Iterator[list[str]]:
                 raise
         return boxed_fx_callable(fallback)
 
-    patches = {"cpu_backend": "triton", "benchmark_kernel": True, "fx_graph_cache": False}
+    # one compile thread: with a warm worker pool Inductor hands each kernel to the pool
+    # as it generates it (and, under TRITON_INTERPRET, loads it here), which compiles it
+    patches = {"cpu_backend": "triton", "benchmark_kernel": True, "fx_graph_cache": False,
+               "compile_threads": 1}
     autograd_cache = getattr(functorch_config, "enable_autograd_cache", None)
     saved = (codecache.PyCodeCache.__dict__["load_by_key_path"],
              triton_utils.triton_hash_with_backend)

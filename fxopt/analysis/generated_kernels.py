@@ -81,8 +81,8 @@ def read_output_code(source: str) -> GeneratedCode:
     bodies = {name: body for _, name, body in _KERNEL.findall(source)}
     # What is left is the wrapper: the calls of the graph (and of its partitions)
     wrapper = _KERNEL.sub("", source)
-    if "def call(" not in wrapper:
-        raise ValueError("not Inductor output code: no wrapper `def call(`")
+    if "async_compile = AsyncCompile()" not in wrapper or "def call(" not in wrapper:
+        raise ValueError("not Inductor output code: no wrapper with `def call(`")
     launched = Counter(re.findall(r"^\s+(\w+)\.run\(", wrapper, re.M))
     kernels = []
     for name, body in bodies.items():
