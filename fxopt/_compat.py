@@ -438,11 +438,12 @@ class _TritonCodeCaptured(Exception):
 
 
 @contextlib.contextmanager
-def inductor_triton_code_on_cpu() -> Iterator[list[str]]:
+def inductor_triton_code_on_cpu() -> Iterator[list[tuple[str, bool]]]:
     """Inside, Inductor generates Triton code (the code generator it uses on CUDA) for the
     CPU graphs it compiles, and each graph's output code (its kernels, their launches, the
     extern GEMM calls, and Inductor's own estimate of each kernel's bytes,
-    ``kernel_num_gb``) is appended to the yielded list instead of being loaded; the graph
+    ``kernel_num_gb``) is appended to the yielded list, with whether the graph is a
+    backward (Inductor's ``is_backward``), instead of being loaded; the graph
     then runs as its uncompiled fx code, so a training step completes. No Triton driver is
     needed: nothing generated is compiled. Inductor's caches are off inside (a cached
     graph would skip the code generation). Compile with :func:`inductor_compile` (fxopt's
@@ -453,17 +454,19 @@ def inductor_triton_code_on_cpu() -> Iterator[list[str]]:
     from torch._inductor import compile_fx as compile_fx_module
     from torch._inductor import config as inductor_config
 
-    sources: list[str] = []
+    sources: list[tuple[str, bool]] = []
+    compiling_backward = [False]  # the graph compile_and_capture is compiling
     real_compile = compile_fx_module.compile_fx_inner
 
     def record(cls: Any, key: str, path: str, *args: Any, **kwargs: Any) -> Any:
         with open(path) as file:
-            sources.append(file.read())
+            sources.append((file.read(), compiling_backward[0]))
         raise _TritonCodeCaptured(path)
 
     def compile_and_capture(gm: fx.GraphModule, example_inputs: Sequence[Any],
                             **kwargs: Any) -> Any:
         fallback = fx.GraphModule(gm, copy_graph(gm.graph))  # Inductor's passes edit gm
+        compiling_backward[0] = bool(kwargs.get("is_backward", False))
         try:
             return real_compile(gm, example_inputs, **kwargs)
         except Exception as error:

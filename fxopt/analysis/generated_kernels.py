@@ -59,6 +59,7 @@ class GeneratedCode:
     """One compiled graph's generated code, summarized."""
 
     kernels: list[GeneratedKernel]
+    backward: bool = False  # the graph is a backward (Inductor compiled it as one)
     extern_calls: Counter[str] = field(default_factory=Counter)
     fallback_calls: Counter[str] = field(default_factory=Counter)
 
@@ -76,8 +77,9 @@ class GeneratedCode:
         return sum(k.launches * k.indirect_loads for k in self.kernels)
 
 
-def read_output_code(source: str) -> GeneratedCode:
-    """The kernels and calls of one graph's Inductor output code (Triton)."""
+def read_output_code(source: str, backward: bool = False) -> GeneratedCode:
+    """The kernels and calls of one graph's Inductor output code (Triton); ``backward``:
+    the graph is a backward."""
     bodies = {name: body for _, name, body in _KERNEL.findall(source)}
     # What is left is the wrapper: the calls of the graph (and of its partitions)
     wrapper = _KERNEL.sub("", source)
@@ -92,7 +94,7 @@ def read_output_code(source: str) -> GeneratedCode:
             name=name, kind=KINDS.get(name.split("_")[1], "other"),
             launches=launched[name], bytes=float(num_gb.group(1)) * 1e9 if num_gb else 0.0,
             indirect_loads=indirect))
-    return GeneratedCode(kernels, Counter(_EXTERN.findall(wrapper)),
+    return GeneratedCode(kernels, backward, Counter(_EXTERN.findall(wrapper)),
                          Counter(_FALLBACK.findall(wrapper)))
 
 
@@ -100,12 +102,11 @@ def generated_code(step: Callable[[], Any]) -> list[GeneratedCode]:
     """Run ``step`` (which compiles with fxopt's backend or
     ``_compat.inductor_backend``, on the CPU, afresh: after ``torch._dynamo.reset()``),
     Inductor generating Triton code for each graph it compiles and running the graph
-    uncompiled; the graphs' code in compilation order (a training step's forward graphs,
-    then their backwards)."""
+    uncompiled; the graphs' code in compilation order, each marked forward or backward."""
     with _compat.inductor_triton_code_on_cpu() as sources:
         step()
     if not sources:
         raise RuntimeError("fxopt: no graph was compiled during the step, so no generated "
                            "code was read: call torch._dynamo.reset() before the compiled "
                            "model's first call, and compile with Inductor")
-    return [read_output_code(source) for source in sources]
+    return [read_output_code(source, backward) for source, backward in sources]

@@ -6,8 +6,8 @@ path generates what plain torch.compile does (issue 29.1 on the GPU's code path)
 
 import pytest
 import torch
+from models import load_benchmark
 
-import fxopt
 from fxopt import _compat
 from fxopt.analysis.generated_kernels import KINDS, generated_code, read_output_code
 
@@ -35,6 +35,7 @@ def test_a_step_reads_its_kernels_gemms_and_gathers_and_computes_eagers_values()
     torch.testing.assert_close(got, (loss_of(ids).detach(), table.grad, weight.grad))
 
     forward, backward = codes
+    assert not forward.backward and backward.backward
     assert forward.extern_calls["mm"] == 1 and backward.extern_calls["mm"] == 2
     assert forward.launches >= 1 and backward.launches >= 1
     assert all(k.kind in KINDS.values() and k.launches >= 1 and k.bytes > 0
@@ -54,30 +55,21 @@ def test_other_text_is_refused_and_a_step_that_compiles_nothing_says_so():
         generated_code(lambda: torch.ones(3).sum())
 
 
-def _gpt2_code(backend, layers=1):
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=97, n_positions=16, n_embd=32, n_layer=layers,
-                                     n_head=2, attn_pdrop=0.0, use_cache=False)
-    config._attn_implementation = "sdpa"
-    model = transformers.GPT2LMHeadModel(config).train()
-    ids = torch.randint(0, 97, (2, 16))
-    compiled = torch.compile(model, backend=backend)
-
-    def step():
-        with torch.autocast("cpu", torch.bfloat16):
-            compiled(input_ids=ids, labels=ids).loss.backward()
-
-    return generated_code(step)
+def _gpt2_code(config, layers=1):
+    """benchmarks/generated_kernels.py's step (the GPU check's GPT-2, bf16 autocast, SDPA,
+    the logging break left in) at a tiny size."""
+    bench = load_benchmark("generated_kernels")
+    return bench.step_code(bench.CONFIGS[config], layers,
+                           dict(hidden=32, seq=16, batch=2, vocab=97))
 
 
 @pytest.fixture(scope="module")
 def gpt2_codes():
     """GPT-2's generated code: plain torch.compile at 1 and 2 layers, fxopt's defaults
     (Inductor) at 1 (compiled once for the module's tests: 10 s each here)."""
-    return {"plain": _gpt2_code(_compat.inductor_backend),
-            "plain, 2 layers": _gpt2_code(_compat.inductor_backend, layers=2),
-            "fxopt": _gpt2_code(fxopt.backend(codegen="inductor"))}
+    return {"plain": _gpt2_code("torch.compile"),
+            "plain, 2 layers": _gpt2_code("torch.compile", layers=2),
+            "fxopt": _gpt2_code("fxopt defaults (Inductor)")}
 
 
 @pytest.mark.slow
