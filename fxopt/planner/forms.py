@@ -273,11 +273,13 @@ GPT2_INDUCTOR_BLOCK = dict(ln_1=6, c_attn=8, sdpa=8, merge_heads=4, attn_proj=4,
 BACKWARD_BYTES = 2      # a backward reads saved inputs and the output gradient, writes one
 EAGER_OPS_PER_BLOCK = 100   # forward ops and backward autograd nodes
 # Inductor's launches per block, counted in its generated code (benchmarks/results/
-# generated_kernels_cpu.md, at the GPU table's size): 11 generated kernels forward and 17
-# backward, 4 + 8 GEMMs and attention's 2 calls. Their bytes (335 and 641 MiB a block)
-# are GPT2_INDUCTOR_BLOCK's ln_1, dropout_residual_ln_2, gelu, dropout_residual and
-# merge_heads (50 units forward, 100 backward: 300 and 600 MiB) within 12%.
-INDUCTOR_KERNELS_PER_BLOCK = 42
+# generated_kernels_cpu.md, the GPU check's GPT-2 at its size): 13 generated kernels
+# forward and 17 backward, 4 + 8 GEMMs and attention's 2 calls. Their bytes (383 and 665
+# MiB a block) against GPT2_INDUCTOR_BLOCK's ln_1, dropout_residual_ln_2, gelu,
+# dropout_residual and merge_heads (50 units forward, 100 backward: 300 and 600 MiB): the
+# backward within 11%, the forward 28% above (the block's key and value, returned while
+# transformers' cache is on, are not counted there).
+INDUCTOR_KERNELS_PER_BLOCK = 44
 # The loss's bytes per logit (transformers' ForCausalLMLoss: logits.float(), cross-entropy).
 # Eager, each kernel's passes over a row: the head GEMM writes bf16 (2); the upcast reads 2,
 # writes 4; log_softmax in fp32: a row of an odd vocabulary is neither 16-byte aligned nor
