@@ -36,6 +36,7 @@ __all__ = [
     "inductor_inference_passes", "inductor_partition", "inductor_triton_code_on_cpu",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
     "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "queue_backward_callback",
+    "rng_wrapped_call",
     "size_hint", "tree_flatten",
     "tree_leaves", "tree_map",
 ]
@@ -126,6 +127,21 @@ def _fill_rng_wrapper_values(gm: fx.GraphModule) -> None:
             node.meta["val"] = tuple(items.get(i) for i in range(max(items) + 1))
 
 
+def rng_wrapped_call(node: fx.Node) -> tuple[Any, tuple, dict, Any] | None:
+    """For an RNG wrapper node (``functionalize_rng_ops``'s ``run_and_save_rng_state`` or
+    ``run_with_rng_state``): the op it runs, that op's args and kwargs, and the op's own
+    value (without the saved RNG state) where the node carries one. None for another node."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    val = node.meta.get("val")
+    if node.target is run_and_save_rng_state:  # (op, *args) -> (state, op's value)
+        return node.args[0], node.args[1:], dict(node.kwargs), \
+            val[1] if isinstance(val, tuple) and len(val) == 2 else None
+    if node.target is run_with_rng_state:      # (state, op, *args) -> op's value
+        return node.args[1], node.args[2:], dict(node.kwargs), val
+    return None
+
+
 def min_cut_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
                       ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Inductor's partitioner: recomputes cheap ops that a fusing compiler gets for free."""
@@ -155,7 +171,12 @@ def inductor_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
     search = joint.meta.get(PARTITION_SEARCH)
     inductor_partition_fn = getattr(compile_fx, "partition_fn", None)
     if search is None and inductor_partition_fn is not None:
-        return inductor_partition_fn(joint, joint_inputs, **kwargs)
+        # a random op recomputed in the backward (dropout or SDPA inside the user's
+        # torch.utils.checkpoint) is replayed through the RNG wrappers, as in min-cut's
+        forward, backward = inductor_partition_fn(joint, joint_inputs, **kwargs)
+        for gm in (forward, backward):
+            _fill_rng_wrapper_values(gm)
+        return forward, backward
 
     def min_cut(gm: fx.GraphModule, inputs: Any, **options: Any
                 ) -> tuple[fx.GraphModule, fx.GraphModule]:

@@ -178,32 +178,38 @@ def storage_root(node: fx.Node) -> fx.Node:
 
 
 def node_cost(node: fx.Node) -> NodeCost:
-    """FLOPs and bytes of one node (see the module docstring for the rules)."""
+    """FLOPs and bytes of one node (see the module docstring for the rules). An RNG wrapper
+    (a random op the partitioner replays in the backward, e.g. SDPA or dropout inside
+    ``torch.utils.checkpoint``) costs what the op it runs costs, plus its RNG state's
+    bytes."""
     if node.op != "call_function":
         return _ZERO["other"]
     if is_view_op(node.target):
         return _ZERO["view"]
     if "val" not in node.meta:
         raise ValueError(f"node {node.name} has no meta['val']; run ensure_fake_values first")
-    kind = _kind(node.target)
+    target, args, kwargs, value = _compat.rng_wrapped_call(node) or (
+        node.target, node.args, node.kwargs, node.meta["val"])
+    kind = _kind(target)
     inputs = node.all_input_nodes
     bytes_read = sum(nbytes(t) for n in inputs for t in tensor_values(n))
     outputs = tensor_values(node)
     bytes_written = sum(nbytes(t) for t in outputs)
+    values = [v for v in _compat.tree_leaves(value) if isinstance(v, torch.Tensor)]
     if kind in ("matmul", "conv", "attention"):
-        flops = _registry_flops(node)
+        flops = _registry_flops(target, args, kwargs, value)
     elif kind == "pointwise":
-        flops = sum(numel(t) for t in outputs)
+        flops = sum(numel(t) for t in values)
     elif kind == "reduction":
         flops = max((numel(t) for n in inputs for t in tensor_values(n)), default=0)
     else:
         flops = 0
-    packet = getattr(node.target, "overloadpacket", node.target)
-    largest = max((numel(t) for t in outputs), default=0)
+    packet = getattr(target, "overloadpacket", target)
+    largest = max((numel(t) for t in values), default=0)
     transcendental = (max(largest, *(numel(t) for n in inputs for t in tensor_values(n)))
                       if packet in TRANSCENDENTAL_OPS else 0)
-    random = (numel(outputs[0]) if outputs and torch.Tag.nondeterministic_seeded
-              in getattr(node.target, "tags", ()) else 0)
+    random = (numel(values[0]) if values and torch.Tag.nondeterministic_seeded
+              in getattr(target, "tags", ()) else 0)
     return NodeCost(kind, flops, bytes_read, bytes_written, transcendental, random)
 
 
@@ -235,7 +241,7 @@ def _kind(target: Any) -> str:
     return "other"
 
 
-def _registry_flops(node: fx.Node) -> int:
+def _registry_flops(target: Any, args: Any, kwargs: Any, value: Any) -> int:
     """Run the registry's formula on meta tensors with hinted (concrete) sizes: the formulas
     compare sizes, which on SymInts would add guards to the graph's shape environment."""
     def concrete(x: Any) -> Any:
@@ -247,6 +253,6 @@ def _registry_flops(node: fx.Node) -> int:
             return size_hint(x)
         return x
 
-    args, kwargs, out = _compat.tree_map(concrete, (node.args, node.kwargs, node.meta["val"]))
-    packet = getattr(node.target, "overloadpacket", node.target)
+    args, kwargs, out = _compat.tree_map(concrete, (args, kwargs, value))
+    packet = getattr(target, "overloadpacket", target)
     return int(flop_registry[packet](*args, **kwargs, out_val=out))
