@@ -217,11 +217,15 @@ def group_chain(a: JointAnalysis, name: str, *, random_ok: bool = False,
     nodes it reads; ValueError when it cannot be recomputed (``recompute_chain``'s
     ``random_ok`` and ``frontier``). With ``frontier`` the walk also stops at the storage
     owners of other saved tensors (a view is saved, its base is not): tagging the base
-    would rebuild a storage the plan keeps."""
+    would rebuild a storage the plan keeps. A walk whose frontier is the candidate's own
+    storage (a ``detach`` or view of an output that cannot be recomputed, as a custom op's
+    autograd saves its outputs) frees nothing: ValueError, as for any candidate that cannot
+    be recomputed (such a chain once counted the storage freed, and a budget's plan
+    predicted bytes it kept)."""
     group = a.candidates[name]
     stop = set(a.saved) - set(group)
+    own = {a.base[n] for n in group}
     if frontier:
-        own = {a.base[n] for n in group}
         stop |= {a.base[n] for n in a.saved} - own
     chain: dict[fx.Node, None] = {}
     reads: set[fx.Node] = set()
@@ -229,6 +233,8 @@ def group_chain(a: JointAnalysis, name: str, *, random_ok: bool = False,
         nodes, read = recompute_chain(node, stop, random_ok=random_ok, frontier=frontier)
         chain.update(dict.fromkeys(nodes))
         reads |= read
+    if own & {a.base.get(r, r) for r in reads}:
+        raise ValueError(f"{name} is a view of a value that cannot be recomputed")
     order = {n: i for i, n in enumerate(group[0].graph.nodes)}
     return sorted(chain, key=order.__getitem__), reads
 
