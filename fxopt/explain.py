@@ -282,9 +282,9 @@ def _plan_rows(stats: dict[str, Any]) -> list[str]:
     if isinstance(stats.get("auto"), dict):
         return _tempo_auto_rows(stats["auto"])
     if isinstance(stats.get("cost_model"), list):  # fuse_rnn's whole RNN calls
-        return [f"      {c['call']}: cuDNN predicted {c['library_ms']:.2f} ms, unrolled "
+        return [f"      {c['call']}: cuDNN predicted {c['library_ms']:.2f} ms, fused "
                 f"{c['fused_ms']:.2f} ms ({c['hardware']} profile): "
-                f"{'cuDNN faster' if c['keep_library'] else 'unrolled faster'}"
+                f"{'cuDNN faster' if c['keep_library'] else 'fused faster'}"
                 for c in stats["cost_model"]]
     if isinstance(stats.get("sizes"), list):  # fuse_linear_cross_entropy_chunks' ops
         return [_size_row(row) for row in stats["sizes"]]

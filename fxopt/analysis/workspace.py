@@ -62,6 +62,8 @@ MEASURED_OPS = frozenset({
     "fxopt::tempo_softmax_dropout_matmul", "fxopt::tempo_softmax_dropout_matmul_backward",
     "fxopt::lstm_cell", "fxopt::lstm_cell_backward",
     "fxopt::gru_cell", "fxopt::gru_cell_backward",
+    "fxopt::lstm_sequence", "fxopt::lstm_sequence_backward",
+    "fxopt::gru_sequence", "fxopt::gru_sequence_backward",
     "fxopt::linear_cross_entropy", "fxopt::linear_cross_entropy_backward",
     "fxopt::linear_cross_entropy_with_grads", "fxopt::library_rnn"})
 

@@ -282,16 +282,26 @@ def _use_triton(*tensors: torch.Tensor) -> bool:
     return triton_runs_on(tensors[0].device)
 
 
-def lstm_forward(a, b, c, bias_a, bias_b, order):
-    """The forward step: Triton where it runs, else the reference (same outputs)."""
+def _into(results: tuple, out: tuple | None) -> tuple:
+    """``results`` copied into ``out`` (the caller's buffers) where it gives them."""
+    if out is None:
+        return results
+    for buffer, value in zip(out, results):
+        buffer.copy_(value)
+    return out
+
+
+def lstm_forward(a, b, c, bias_a, bias_b, order, out=None):
+    """The forward step: Triton where it runs, else the reference (same outputs); ``out``:
+    contiguous (h, c_new, gates) buffers to write instead of new ones (a sequence's step)."""
     if not _use_triton(a):
-        return lstm_forward_reference(a, b, c, bias_a, bias_b, order)
+        return _into(lstm_forward_reference(a, b, c, bias_a, bias_b, order), out)
     a, b, c = _rows(a), _rows(b), _rows(c)
     batch, hidden = c.shape
-    out = _out_dtype(a, b, c)
-    h = torch.empty(batch, hidden, dtype=out, device=a.device)
-    c_new, gates = torch.empty_like(h), torch.empty(batch, 4 * hidden, dtype=out,
-                                                    device=a.device)
+    dtype = _out_dtype(a, b, c)
+    h, c_new, gates = out or (torch.empty(batch, hidden, dtype=dtype, device=a.device),
+                              torch.empty(batch, hidden, dtype=dtype, device=a.device),
+                              torch.empty(batch, 4 * hidden, dtype=dtype, device=a.device))
     n = batch * hidden
     _lstm_forward_kernel[_grid(n)](
         a, b, c, a if bias_a is None else bias_a, a if bias_b is None else bias_b, h, c_new,
@@ -301,13 +311,16 @@ def lstm_forward(a, b, c, bias_a, bias_b, order):
     return h, c_new, gates
 
 
-def lstm_backward(dh, dc, gates, c, c_new, order):
+def lstm_backward(dh, dc, gates, c, c_new, order, out=None):
+    """The backward step; ``out``: contiguous (d_pre, dc_prev) buffers to write (their
+    dtype is what is stored; fp32 when new)."""
     if not _use_triton(gates):
-        return lstm_backward_reference(dh, dc, gates, c, c_new, order)
+        return _into(lstm_backward_reference(dh, dc, gates, c, c_new, order), out)
     dh, dc, c = dh.contiguous(), dc.contiguous(), _rows(c)
     batch, hidden = c.shape
-    d_pre = torch.empty(batch, 4 * hidden, dtype=torch.float32, device=gates.device)
-    dc_prev = torch.empty(batch, hidden, dtype=torch.float32, device=gates.device)
+    d_pre, dc_prev = out or (
+        torch.empty(batch, 4 * hidden, dtype=torch.float32, device=gates.device),
+        torch.empty(batch, hidden, dtype=torch.float32, device=gates.device))
     n = batch * hidden
     _lstm_backward_kernel[_grid(n)](
         dh, dc, gates, c, c_new, d_pre, dc_prev, n, c.stride(0), H=hidden, O0=order[0],
@@ -315,14 +328,15 @@ def lstm_backward(dh, dc, gates, c, c_new, order):
     return d_pre, dc_prev
 
 
-def gru_forward(a, b, h, bias_a, bias_b, order):
+def gru_forward(a, b, h, bias_a, bias_b, order, out=None):
+    """As :func:`lstm_forward`; ``out``: (h_new, saved) buffers."""
     if not _use_triton(a):
-        return gru_forward_reference(a, b, h, bias_a, bias_b, order)
+        return _into(gru_forward_reference(a, b, h, bias_a, bias_b, order), out)
     a, b, h = _rows(a), _rows(b), _rows(h)
     batch, hidden = h.shape
-    out = _out_dtype(a, b, h)
-    h_new = torch.empty(batch, hidden, dtype=out, device=a.device)
-    saved = torch.empty(batch, 4 * hidden, dtype=out, device=a.device)
+    dtype = _out_dtype(a, b, h)
+    h_new, saved = out or (torch.empty(batch, hidden, dtype=dtype, device=a.device),
+                           torch.empty(batch, 4 * hidden, dtype=dtype, device=a.device))
     n = batch * hidden
     _gru_forward_kernel[_grid(n)](
         a, b, h, a if bias_a is None else bias_a, a if bias_b is None else bias_b, h_new,
@@ -332,14 +346,16 @@ def gru_forward(a, b, h, bias_a, bias_b, order):
     return h_new, saved
 
 
-def gru_backward(dh, saved, h, order):
+def gru_backward(dh, saved, h, order, out=None):
+    """As :func:`lstm_backward`; ``out``: (da, db, dh_prev) buffers."""
     if not _use_triton(saved):
-        return gru_backward_reference(dh, saved, h, order)
+        return _into(gru_backward_reference(dh, saved, h, order), out)
     dh, h = dh.contiguous(), _rows(h)
     batch, hidden = h.shape
-    da = torch.empty(batch, 3 * hidden, dtype=torch.float32, device=saved.device)
-    db, dh_prev = torch.empty_like(da), torch.empty(batch, hidden, dtype=torch.float32,
-                                                    device=saved.device)
+    da, db, dh_prev = out or (
+        torch.empty(batch, 3 * hidden, dtype=torch.float32, device=saved.device),
+        torch.empty(batch, 3 * hidden, dtype=torch.float32, device=saved.device),
+        torch.empty(batch, hidden, dtype=torch.float32, device=saved.device))
     n = batch * hidden
     _gru_backward_kernel[_grid(n)](
         dh, saved, h, da, db, dh_prev, n, h.stride(0), H=hidden, O0=order[0], O1=order[1],

@@ -121,7 +121,7 @@ def library_rnn_backward(handle: torch.Tensor, kept: list[torch.Tensor],
             "fxopt: this nn.LSTM/nn.GRU call's library graph was already freed by an earlier "
             "backward through the same forward (retain_graph=True). fxopt keeps one "
             "library graph per forward, as eager's cuDNN call does; to differentiate a step "
-            "twice, compile with fuse_rnn=True (the call unrolled) or run the RNN eagerly")
+            "twice, compile with fuse_rnn=True (the call fused) or run the RNN eagerly")
     with torch.enable_grad(), _compat.autograd_dispatch_restored():
         results = library_rnn_calls.leaf_gradients(call.leaves, call.outputs, grads)
     # cuDNN's weight gradients are views of one flat buffer: owning copies them

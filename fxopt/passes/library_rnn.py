@@ -2,7 +2,7 @@
 them, before autograd.
 
 A whole call in Dynamo's graph (traced under ``torch._dynamo.config.allow_rnn``) that
-fuse_rnn does not unroll (it is off, or under ``"auto"`` the cost model left the call to
+fuse_rnn does not fuse (it is off, or under ``"auto"`` the cost model left the call to
 cuDNN, :mod:`fxopt.passes.fuse_rnn.choice`) would be decomposed by AOTAutograd into per-step
 ops: 6.6x cuDNN's step on the H100's table. recompute_rnn keeps the library call but runs
 its forward again in the backward, which pays only under a memory budget (the H200 measured

@@ -101,7 +101,8 @@ def is_random(node: fx.Node) -> bool:
 RECOMPUTABLE_CUSTOM_OPS = frozenset({
     "fxopt::tempo_gelu", "fxopt::tempo_layer_norm", "fxopt::tempo_rms_norm",
     "fxopt::tempo_layer_norm_cast", "fxopt::tempo_rms_norm_cast",
-    "fxopt::tempo_softmax_dropout_matmul", "fxopt::lstm_cell", "fxopt::gru_cell"})
+    "fxopt::tempo_softmax_dropout_matmul", "fxopt::lstm_cell", "fxopt::gru_cell",
+    "fxopt::lstm_sequence", "fxopt::gru_sequence"})
 
 
 # Namespaces whose functional (non-mutating) ops a recompute may run again: aten, and the

@@ -104,6 +104,21 @@ def test_the_rnn_forms_differ_where_the_table_says_why():
     assert call.launches == {"compiled": 6 * 256, "python": 2 * 256}
 
 
+def test_the_sequence_ops_are_host_bound_and_left_to_cudnn():
+    """fuse_rnn's whole-call form since the sequence ops: cuDNN's device work (in fp32, not
+    TF32) with 4 launches per layer and step from the op's Python loop, priced as eager
+    ops (not yet measured on a GPU): host-bound, so "auto" leaves the table's LSTM to
+    cuDNN; and about 5x faster than the unrolled form the table measured at 112 ms."""
+    call = forms.rnn_call_work("lstm", 32, 128, 512, 1024, 2, 1, "sequence", H100)
+    assert call.launches == {"eager": 4 * 256}
+    sequence, cudnn = (forms.predict(forms.lstm_lm_work(**LSTM, form=f, hw=H100), H100)
+                       for f in ("sequence", "cudnn"))
+    assert sequence.host_s > sequence.device_s and cudnn.ms < sequence.ms
+    unrolled = measured_ms("nn.LSTM LM", "fxopt fuse_rnn=True (auto: Inductor around the "
+                                         "fused ops)")
+    assert 4 * sequence.ms < unrolled
+
+
 def test_fusible_cells_are_predicted_past_the_issues_bar():
     """Issue 30.2's goal for cells: at least 1.5x eager. The form the table measured
     (Python cell ops, now fx's) is host-bound; under Inductor the fusible cells launch from

@@ -1,15 +1,17 @@
 """fuse_rnn: recurrent cells become fused LSTM/GRU steps with their own backward (EcoRNN).
 
 Runs at PRE_AUTOGRAD on Dynamo's torch-level graph and rewrites, in this order:
-1. whole ``nn.LSTM`` / ``nn.GRU`` calls (`modules`), unrolled into per-step fused cells with
-   the input projection of each layer hoisted into one GEMM;
+1. whole ``nn.LSTM`` / ``nn.GRU`` calls (`modules`): per layer and direction the input
+   projection of the whole sequence as one GEMM and one sequence op
+   (``fxopt::lstm_sequence`` / ``fxopt::gru_sequence`` of `fxopt.kernels.fuse_rnn_sequence`)
+   that steps the fused cells through time;
 2. ``nn.LSTMCell`` / ``nn.GRUCell`` calls (`cells`), the input projection hoisted when an
    unrolled loop steps through one sequence;
 3. hand-written LSTM and GRU cells (`handwritten`, `handwritten_gru`);
 
 and hoists the input projections of unrolled loops into one GEMM each (`hoist`).
 
-Each fused step is the ``fxopt::lstm_cell`` / ``fxopt::gru_cell`` custom op of
+Each other fused step is the ``fxopt::lstm_cell`` / ``fxopt::gru_cell`` custom op of
 `fxopt.kernels.fuse_rnn` (Triton forward and backward kernels where Triton runs, the torch
 reference elsewhere, so the pass fires on every device), or under Inductor its fusible form,
 which Inductor generates and launches from compiled code. Stats: ``fused`` counts per form,

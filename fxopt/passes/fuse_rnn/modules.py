@@ -2,16 +2,18 @@
 in Dynamo's graph; Dynamo traces them only with ``torch._dynamo.config.allow_rnn = True``,
 otherwise it breaks the graph around the module and runs it eagerly).
 
-Each layer and direction becomes: the input projection of the whole sequence (with
-``b_ih``) as one GEMM, then per time step the hidden projection (one GEMM) and the fused
-cell op; the steps' hidden states are stacked into the layer's output (directions
-concatenated on the feature dimension), the last states into ``h_n`` (and ``c_n``).
-Multi-layer, ``batch_first``, with or without bias, bidirectional.
+Each layer and direction becomes the input projection of the whole sequence (with
+``b_ih``) as one GEMM, then one ``fxopt::lstm_sequence`` / ``fxopt::gru_sequence`` op that
+steps through time (per step the hidden projection and the fused cell; its backward
+computes ``W_hh``'s gradient as one GEMM, :mod:`fxopt.kernels.fuse_rnn_sequence`). The
+layer's output concatenates the directions on the feature dimension; the last states are
+stacked into ``h_n`` (and ``c_n``). Multi-layer, ``batch_first``, with or without bias,
+bidirectional, any sequence length (a symbolic one too): the graph and its compile time do
+not grow with the length.
 
 Declined with the reason: packed sequences, ``proj_size``, inter-layer dropout while
 training (cuDNN draws its own dropout masks, so no rewrite can reproduce eager's), autocast
-regions (eager's dtypes there depend on the library path it takes), unbatched input, a
-symbolic sequence length, and very long sequences (the unrolled graph would be huge).
+regions (eager's dtypes there depend on the library path it takes) and unbatched input.
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ import operator
 import torch
 import torch.fx as fx
 
-from fxopt.kernels.fuse_rnn import GRU_ORDER, LSTM_ORDER
+import fxopt.kernels.fuse_rnn_sequence  # noqa: F401  (registers the ops)
+from fxopt import _compat
 from fxopt.passes.fuse_rnn.choice import choose, warn_forced
 from fxopt.passes.fuse_rnn.graph import Rewrite, dtype_problem
 from fxopt.passes.fuse_rnn.hoist import LINEAR
 from fxopt.passes.torch_calls import RNN_CALLS, example_tensor, example_value, rnn_call
 
-# Unrolled time steps (layers x directions x steps) above which a module is left alone:
-# the Python graph and its compile time grow with every step.
-MAX_UNROLLED_STEPS = 2048
+# one layer-direction's steps, by cell kind
+SEQUENCES = {"lstm": torch.ops.fxopt.lstm_sequence.default,
+             "gru": torch.ops.fxopt.gru_sequence.default}
 
 
 class _Decline(Exception):
@@ -49,26 +52,24 @@ def _parse(node: fx.Node) -> tuple:
     xv = example_tensor(call.x)
     if xv is None or xv.dim() != 3:
         raise _Decline("unbatched input")
-    steps = xv.shape[1 if call.batch_first else 0]
-    if not isinstance(steps, int):
-        raise _Decline("symbolic sequence length")
-    if steps * call.layers * directions > MAX_UNROLLED_STEPS:
-        raise _Decline(f"more than {MAX_UNROLLED_STEPS} unrolled steps")
     hx = call.states if call.mode == "lstm" else call.states[0]
-    return (call.x, hx, call.params, call.has_biases, call.layers, directions,
-            call.batch_first, steps)
+    return call.x, hx, call.params, call.has_biases, call.layers, directions, call.batch_first
 
 
 def _library_or_fused(rw: Rewrite, node: fx.Node, kind: str, x: fx.Node, w_hh: fx.Node,
-                      layers: int, directions: int, batch_first: bool, steps: int) -> None:
+                      layers: int, directions: int, batch_first: bool) -> None:
     """Raise _Decline where ``fuse_rnn="auto"`` leaves the call to cuDNN (the cost model,
-    `fxopt.passes.fuse_rnn.choice`); warn where ``fuse_rnn=True`` unrolls a call predicted
-    slower. Each priced call is in the stats' ``cost_model``."""
+    `fxopt.passes.fuse_rnn.choice`); warn where ``fuse_rnn=True`` fuses a call predicted
+    slower. Each priced call is in the stats' ``cost_model``; a symbolic size is priced at
+    its hint, without a guard."""
     xv = example_tensor(x)
-    batch, features = xv.shape[0 if batch_first else 1], xv.shape[2]
-    hidden = example_tensor(w_hh).shape[1]
-    choice = choose(node.name, kind, int(batch), steps, int(features), int(hidden), layers,
-                    directions, xv.dtype, rw.ctx.device, rw.ctx.codegen.fuses_pointwise)
+    batch, steps = xv.shape[0], xv.shape[1]
+    batch, steps = (steps, batch) if not batch_first else (batch, steps)
+    features, hidden = xv.shape[2], example_tensor(w_hh).shape[1]
+    batch, steps, features, hidden = (_compat.size_hint(d, 1)
+                                      for d in (batch, steps, features, hidden))
+    choice = choose(node.name, kind, batch, steps, features, hidden, layers, directions,
+                    xv.dtype, rw.ctx.device)
     if choice is None:
         return
     rw.cost_model.append(choice.as_stat())
@@ -80,34 +81,33 @@ def _library_or_fused(rw: Rewrite, node: fx.Node, kind: str, x: fx.Node, w_hh: f
 
 
 def _direction(rw: Rewrite, kind: str, node: fx.Node, layer_input: fx.Node,
-               weights: list, h: fx.Node, c: fx.Node | None, time_dim: int, steps: int,
+               weights: list, h: fx.Node, c: fx.Node | None, batch_first: bool,
                reverse: bool, state_dtype: torch.dtype, given: torch.dtype) -> tuple:
-    """Emit one layer's one direction; returns (outputs in time order, last h, last c)."""
+    """Emit one layer's one direction; returns (its output sequence, last h, last c)."""
     w_ih, w_hh, b_ih, b_hh = (weights + [None, None])[:4]
     replaces = [node.name]
-    emit = rw.emit
-    projected = emit(LINEAR, layer_input, w_ih, b_ih, replaces=replaces)  # all steps
+
+    def emit(target, *args, method=False):
+        return rw.emit(target, *args, method=method, replaces=replaces)
+
+    projected = emit(LINEAR, layer_input, w_ih, b_ih)  # all steps
+    if batch_first:
+        projected = emit("transpose", projected, 0, 1, method=True)
     if kind == "lstm":
         c = rw.cast(c, given, state_dtype, replaces)
+        sequence = emit(SEQUENCES[kind], projected, h, c, w_hh, b_hh, reverse)
     else:
         h = rw.cast(h, given, state_dtype, replaces)
-    outputs = []
-    for t in (reversed(range(steps)) if reverse else range(steps)):
-        index = t if time_dim == 0 else (slice(None, None, None), t)
-        a = emit(operator.getitem, projected, index, replaces=replaces)
-        b = emit(LINEAR, h, w_hh, None, replaces=replaces)
-        state = c if kind == "lstm" else h
-        order = LSTM_ORDER if kind == "lstm" else GRU_ORDER
-        fused = rw.fused_cell(kind, a, b, state, None, b_hh, order, replaces)
-        h = emit(operator.getitem, fused, 0, replaces=replaces)
-        if kind == "lstm":
-            c = emit(operator.getitem, fused, 1, replaces=replaces)
-        outputs.append(h)
-    return (outputs[::-1] if reverse else outputs), h, c
+        sequence = emit(SEQUENCES[kind], projected, h, w_hh, b_hh, reverse)
+    out = emit(operator.getitem, sequence, 0)
+    if batch_first:
+        out = emit("transpose", out, 0, 1, method=True)
+    last_c = emit(operator.getitem, sequence, 2) if kind == "lstm" else None
+    return out, emit(operator.getitem, sequence, 1), last_c
 
 
 def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
-    x, hx, params, has_biases, layers, directions, batch_first, steps = _parse(node)
+    x, hx, params, has_biases, layers, directions, batch_first = _parse(node)
     h0, c0 = hx if kind == "lstm" else (hx, None)
     if rw.autocast.get(node):
         # Dynamo's fake value can disagree with eager here: on the CPU eager takes oneDNN's
@@ -125,11 +125,10 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
         raise _Decline(f"eager returns {expected}, the fused op would not")
     if any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
         raise _Decline("the result is used other than by index")
-    _library_or_fused(rw, node, kind, x, params[1], layers, directions, batch_first, steps)
+    _library_or_fused(rw, node, kind, x, params[1], layers, directions, batch_first)
     if not rw.ctx.rewrites.allow():
         return
     per = 4 if has_biases else 2
-    time_dim = 1 if batch_first else 0
     emit = rw.emit
     with rw.graph.inserting_before(node):
         layer_input, last_h, last_c = x, [], []
@@ -140,9 +139,9 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
                 h = emit(operator.getitem, h0, k, replaces=[node.name])
                 c = emit(operator.getitem, c0, k, replaces=[node.name]) if c0 is not None else None
                 seq, h, c = _direction(rw, kind, node, layer_input,
-                                       params[k * per:(k + 1) * per], h, c, time_dim,
-                                       steps, d == 1, state_dtype, sv.dtype)
-                outs.append(emit(torch.stack, seq, time_dim, replaces=[node.name]))
+                                       params[k * per:(k + 1) * per], h, c, batch_first,
+                                       d == 1, state_dtype, sv.dtype)
+                outs.append(seq)
                 last_h.append(h)
                 last_c.append(c)
             layer_input = outs[0] if directions == 1 else emit(
@@ -158,7 +157,7 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
 
 
 def rewrite_modules(rw: Rewrite) -> None:
-    """Unroll every ``torch.lstm`` / ``torch.gru`` call into fused cell steps."""
+    """Replace every ``torch.lstm`` / ``torch.gru`` call by fused sequence ops."""
     for node in [n for n in rw.graph.nodes
                  if n.op == "call_function" and n.target in RNN_CALLS]:
         kind = RNN_CALLS[node.target]

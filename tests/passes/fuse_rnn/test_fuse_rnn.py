@@ -9,14 +9,12 @@ import copy
 
 import pytest
 import torch
+from fuse_rnn_helpers import dynamo_graph, run_fuse_rnn
 from models import BF16Autocast, Block
 from torch import nn
 
 from fxopt.analysis import measure_saved_bytes
 from fxopt.compiler import Backend
-from fxopt.config import Options
-from fxopt.passes import GraphKind, PassContext, Stage
-from fxopt.passes.fuse_rnn import fuse_rnn
 from fxopt.testing import TOLERANCES, assert_same_as_eager
 
 B, H, IN, STEPS = 3, 37, 11, 5
@@ -269,22 +267,6 @@ def test_leaves_graphs_without_cells_alone():
     assert _stats(comparison) == {"fused": {}, "declined": {}, "hoisted_input_projections": 0}
 
 
-def _pass_on_captured_graph(fn, *args):
-    """fuse_rnn's result on the graph Dynamo captures for ``fn`` (for forms whose compiled
-    run cannot be compared with eager for reasons outside the pass)."""
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    with torch._dynamo.config.patch(allow_rnn=True):
-        torch.compile(fn, backend=capture)(*args)
-    ctx = PassContext(options=Options(), stage=Stage.PRE_AUTOGRAD, graph_kind=GraphKind.DYNAMO,
-                      graph_name="g0", device=torch.device("cpu"))
-    return fuse_rnn(graphs[0], ctx)
-
-
 def test_declines_rnn_modules_under_autocast():
     """Eager nn.LSTM under CPU autocast returns bf16 (oneDNN) where Dynamo's traced value
     says fp32 (torch.compile returns fp32 there with any backend), so the pass cannot know
@@ -295,14 +277,15 @@ def test_declines_rnn_modules_under_autocast():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return module(x)
 
-    result = _pass_on_captured_graph(run, _inputs()[0])
+    result = run_fuse_rnn(dynamo_graph(run, _inputs()[0]))
     assert not result.modified
     assert _verdicts(result)["declined"] == {"lstm_module: inside an autocast region (eager's "
                                         "dtypes depend on the oneDNN or cuDNN path)": 1}
 
 
 def test_declines_inter_layer_dropout_while_training():
-    result = _pass_on_captured_graph(nn.GRU(IN, H, num_layers=2, dropout=0.3), _inputs()[0])
+    result = run_fuse_rnn(dynamo_graph(nn.GRU(IN, H, num_layers=2, dropout=0.3),
+                                       _inputs()[0]))
     assert not result.modified
     assert _verdicts(result)["declined"] == {"gru_module: inter-layer dropout while training": 1}
 

@@ -26,6 +26,10 @@ CASES = [*(pytest.param(name, 0.5, {}, id=f"{name}-0.5")
            for name in ("llama", "t5", "resnet", "vit", "lstm", "handlstm")),
          pytest.param("handlstm", 0.3, reach.options_for("handlstm", fuse_rnn=True),
                       id="handlstm-0.3-fuse_rnn"),
+         # fuse_rnn's sequence ops: met only because a plan may run one again in the
+         # backward (measured 0.364 of eager's bytes at 0.3 while they were not recomputable)
+         pytest.param("lstm", 0.3, reach.options_for("lstm", fuse_rnn=True),
+                      id="lstm-0.3-fuse_rnn"),
          pytest.param("llama", 0.5, reach.options_for("llama", tempo=True),
                       id="llama-0.5-tempo")]
 
