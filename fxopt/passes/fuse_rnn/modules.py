@@ -150,7 +150,10 @@ def _rewrite_one(rw: Rewrite, node: fx.Node, kind: str) -> None:
         if kind == "lstm":
             results.append(emit(torch.stack, last_c, 0, replaces=[node.name]))
     for user in list(node.users):
-        user.replace_all_uses_with(results[user.args[1]])
+        result = results[user.args[1]]
+        if "example_value" in user.meta:   # later passes read the shape (the LM head's)
+            result.meta.setdefault("example_value", user.meta["example_value"])
+        user.replace_all_uses_with(result)
         rw.graph.erase_node(user)
     rw.graph.erase_node(node)
     rw.count(f"{kind}_module")

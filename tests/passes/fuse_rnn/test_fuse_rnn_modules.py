@@ -10,10 +10,12 @@ import copy
 import pytest
 import torch
 from fuse_rnn_helpers import dynamo_graph, run_fuse_rnn
+from models import RNNLanguageModel, rnn_tokens
 from torch import nn
 
 from fxopt.analysis import measure_saved_bytes
 from fxopt.compiler import Backend
+from fxopt.testing import assert_same_as_eager
 
 B, H, IN = 3, 13, 7
 ON = {"fuse_rnn": True, "strict": True}
@@ -88,6 +90,17 @@ def test_the_backward_keeps_the_sequence_ops_buffers():
     assert fused == steps * (4 + 1 + 1) * step + 2 * step
     eager = measure_saved_bytes(lambda: module(x), exclude=[*module.parameters(), x]).bytes
     assert fused < eager
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_the_lm_heads_fused_loss_still_fires_after_it(mode):
+    """Under a budget the LM head's loss is fused too (fuse_linear_cross_entropy, a later
+    pre-autograd pass that reads the head input's shape): the call's replacement carries
+    the call's traced value, so the head after a fused batch-first call is still seen."""
+    with torch._dynamo.config.patch(allow_rnn=True):
+        comparison = assert_same_as_eager(RNNLanguageModel(mode), rnn_tokens(),
+                                          {**ON, "memory_budget": 0.5})
+    assert comparison.fired("fuse_rnn") and comparison.fired("fuse_linear_cross_entropy")
 
 
 @pytest.mark.gpu
