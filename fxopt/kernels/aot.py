@@ -154,15 +154,8 @@ def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 102
             ("a_ptr", "b_ptr", "c_ptr", "bias_a_ptr", "bias_b_ptr", "h_out", "c_out",
              "gates_out", "n", "stride_a", "stride_b", "stride_c"), rnn_block,
             module=rnn_module, attr="_lstm_forward_kernel"))
-        specs.append(KernelSpec(
-            f"lstm_backward H={hidden} {name}",
-            {**dict.fromkeys(("dh_ptr", "dc_ptr", "gates_ptr", "c_ptr", "c_new_ptr"), p),
-             "d_pre_out": "*fp32", "dc_prev_out": "*fp32", "n": "i32", "stride_c": "i32",
-             **dict.fromkeys(("H", "O0", "O1", "O2", "O3", "BLOCK"), "constexpr")},
-            {"H": hidden, "O0": 0, "O1": 1, "O2": 2, "O3": 3, "BLOCK": rnn_block},
-            ("dh_ptr", "dc_ptr", "gates_ptr", "c_ptr", "c_new_ptr", "d_pre_out",
-             "dc_prev_out", "n", "stride_c"), rnn_block,
-            module=rnn_module, attr="_lstm_backward_kernel"))
+        specs.append(_lstm_backward_spec(f"lstm_backward H={hidden} {name}", hidden, p,
+                                         dc=p, d_pre="*fp32"))
         specs.append(KernelSpec(
             f"gru_forward H={hidden} {name}",
             {**dict.fromkeys(("a_ptr", "b_ptr", "h_ptr", "bias_a_ptr", "bias_b_ptr", "h_out",
@@ -173,17 +166,50 @@ def handwritten_specs(dtypes: tuple[str, ...] = tuple(DTYPES), hidden: int = 102
             ("a_ptr", "b_ptr", "h_ptr", "bias_a_ptr", "bias_b_ptr", "h_out", "saved_out", "n",
              "stride_a", "stride_b", "stride_h"), rnn_block,
             module=rnn_module, attr="_gru_forward_kernel"))
-        specs.append(KernelSpec(
-            f"gru_backward H={hidden} {name}",
-            {"dh_ptr": p, "saved_ptr": p, "h_ptr": p, "da_out": "*fp32", "db_out": "*fp32",
-             "dh_prev_out": "*fp32", "n": "i32", "stride_h": "i32",
-             **dict.fromkeys(("H", "O0", "O1", "O2", "BLOCK"), "constexpr")},
-            {"H": hidden, "O0": 0, "O1": 1, "O2": 2, "BLOCK": rnn_block},
-            ("dh_ptr", "saved_ptr", "h_ptr", "da_out", "db_out", "dh_prev_out", "n",
-             "stride_h"), rnn_block,
-            module=rnn_module, attr="_gru_backward_kernel"))
+        specs.append(_gru_backward_spec(f"gru_backward H={hidden} {name}", hidden, p,
+                                        grads="*fp32"))
+        if name != "fp32":
+            # the sequence ops' calls (fxopt.kernels.fuse_rnn_sequence): the gate gradients
+            # and the hidden-state carry in the activations' dtype, the LSTM's cell-state
+            # carry in fp32
+            specs.append(_lstm_backward_spec(f"lstm_backward[sequence] H={hidden} {name}",
+                                             hidden, p, dc="*fp32", d_pre=p))
+            specs.append(_gru_backward_spec(f"gru_backward[sequence] H={hidden} {name}",
+                                            hidden, p, grads=p))
         specs += linear_cross_entropy_specs(name, vocab)
     return specs
+
+
+def _lstm_backward_spec(label: str, hidden: int, p: str, dc: str, d_pre: str) -> KernelSpec:
+    """The LSTM cell's backward kernel with activations of pointer type ``p``, the incoming
+    cell-state gradient ``dc`` and the gate gradients ``d_pre`` (the carry out: fp32)."""
+    from fxopt.kernels.fuse_rnn import _BLOCK as rnn_block
+
+    return KernelSpec(
+        label,
+        {"dh_ptr": p, "dc_ptr": dc, **dict.fromkeys(("gates_ptr", "c_ptr", "c_new_ptr"), p),
+         "d_pre_out": d_pre, "dc_prev_out": "*fp32", "n": "i32", "stride_c": "i32",
+         **dict.fromkeys(("H", "O0", "O1", "O2", "O3", "BLOCK"), "constexpr")},
+        {"H": hidden, "O0": 0, "O1": 1, "O2": 2, "O3": 3, "BLOCK": rnn_block},
+        ("dh_ptr", "dc_ptr", "gates_ptr", "c_ptr", "c_new_ptr", "d_pre_out", "dc_prev_out",
+         "n", "stride_c"), rnn_block,
+        module="fxopt.kernels.fuse_rnn", attr="_lstm_backward_kernel")
+
+
+def _gru_backward_spec(label: str, hidden: int, p: str, grads: str) -> KernelSpec:
+    """The GRU cell's backward kernel with activations of pointer type ``p`` and the three
+    gradients it writes (both sides' gate gradients, the hidden-state carry) of ``grads``."""
+    from fxopt.kernels.fuse_rnn import _BLOCK as rnn_block
+
+    return KernelSpec(
+        label,
+        {"dh_ptr": p, "saved_ptr": p, "h_ptr": p, "da_out": grads, "db_out": grads,
+         "dh_prev_out": grads, "n": "i32", "stride_h": "i32",
+         **dict.fromkeys(("H", "O0", "O1", "O2", "BLOCK"), "constexpr")},
+        {"H": hidden, "O0": 0, "O1": 1, "O2": 2, "BLOCK": rnn_block},
+        ("dh_ptr", "saved_ptr", "h_ptr", "da_out", "db_out", "dh_prev_out", "n",
+         "stride_h"), rnn_block,
+        module="fxopt.kernels.fuse_rnn", attr="_gru_backward_kernel")
 
 
 def linear_cross_entropy_specs(dtype: str, vocab: int, softcap: bool = False

@@ -28,7 +28,7 @@ def path(request, monkeypatch):
         pytest.skip("Triton kernels run on the CPU only with TRITON_INTERPRET=1")
     if request.param == "reference":
         monkeypatch.setattr(fuse_rnn, "_use_triton", lambda *tensors: False)
-    launches = {}
+    launches, pointers = {}, {}
 
     class Counted:
         def __init__(self, name, kernel):
@@ -36,13 +36,18 @@ def path(request, monkeypatch):
 
         def __getitem__(self, grid):
             launches[self.name] = launches.get(self.name, 0) + 1
-            return self.kernel[grid]
+
+            def launch(*args, **kwargs):
+                pointers.setdefault(self.name, set()).add(
+                    tuple(x.dtype for x in args if isinstance(x, torch.Tensor)))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
 
     for name in ("_lstm_forward_kernel", "_lstm_backward_kernel", "_gru_forward_kernel",
                  "_gru_backward_kernel"):
         if hasattr(fuse_rnn, name):
             monkeypatch.setattr(fuse_rnn, name, Counted(name, getattr(fuse_rnn, name)))
-    yield SimpleNamespace(name=request.param, launches=launches)
+    yield SimpleNamespace(name=request.param, launches=launches, pointers=pointers)
     assert bool(launches) == (request.param == "triton"), launches
 
 
@@ -151,6 +156,33 @@ def test_lstm_sequence_in_bfloat16_matches_the_cell_op_step_by_step(path):
         h, c, _ = torch.ops.fxopt.lstm_cell(a[t], h @ w_hh.t(), c, None, b_hh, [0, 1, 2, 3])
         torch.testing.assert_close(out[t], h, rtol=0, atol=0)
     assert out.dtype == torch.bfloat16 and torch.equal(c_n, c) and torch.equal(h_n, h)
+
+
+def test_bf16_launches_are_the_specializations_the_aot_check_compiles(path):
+    """The pointer types each kernel is launched with in bf16 are those of the specs
+    `fxopt.kernels.aot` compiles for sm_80/sm_90 (tests/kernels/test_kernels_aot.py): the
+    forward kernels' as the cell ops call them, the backward kernels' as the sequence ops
+    do (bf16 gate gradients, the LSTM's fp32 cell-state carry)."""
+    if path.name == "reference":
+        pytest.skip("no kernel launches on the reference path")
+    from fxopt.kernels import aot
+
+    for gates, op in ((4, lstm_sequence), (3, gru_sequence)):
+        a, h0, c0, w_hh, b_hh = (t.detach().to(torch.bfloat16).requires_grad_()
+                                 for t in _inputs(gates, True, False))
+        out = (op(a, h0, c0, w_hh, b_hh, False) if op is lstm_sequence
+               else op(a, h0, w_hh, b_hh, False))[0]
+        out.float().sum().backward()
+    names = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}
+    launched = {kernel: {tuple(names[d] for d in call) for call in calls}
+                for kernel, calls in path.pointers.items()}
+    specs = {s.label: s for s in aot.handwritten_specs(("bf16",))}
+    for kernel, label in (("_lstm_forward_kernel", "lstm_forward H=1024 bf16"),
+                          ("_lstm_backward_kernel", "lstm_backward[sequence] H=1024 bf16"),
+                          ("_gru_forward_kernel", "gru_forward H=1024 bf16"),
+                          ("_gru_backward_kernel", "gru_backward[sequence] H=1024 bf16")):
+        signature = tuple(t for t in specs[label].signature.values() if t.startswith("*"))
+        assert launched[kernel] == {signature}, (kernel, launched[kernel], signature)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

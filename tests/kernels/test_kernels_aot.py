@@ -1,10 +1,11 @@
 """The AOT compile check (fxopt.kernels.aot) in the normal suite: a representative set of
-fxopt's Triton kernels compiled for sm_80 and sm_90 with no GPU; fails on a compile error,
-any spill or more than 255 registers, a layout conversion left in a generated kernel, and
-on generated pointwise kernels that do not use 128-bit accesses or move more than the
-region's minimum. The kernels of GPT-2's tanh GELU come from its CUDA graph under bf16
-autocast, traced on fake CUDA tensors (fake_cuda_regions.py). The full matrix (every
-kernel, dtype and arch, and a corpus of generated kernels) is benchmarks/aot_kernels.py."""
+fxopt's Triton kernels compiled for sm_80 and sm_90 with no GPU (the LSTM/GRU backward
+also as fuse_rnn's sequence ops call it); fails on a compile error, any spill or more than
+255 registers, a layout conversion left in a generated kernel, and on generated pointwise
+kernels that do not use 128-bit accesses or move more than the region's minimum. The
+kernels of GPT-2's tanh GELU come from its CUDA graph under bf16 autocast, traced on fake
+CUDA tensors (fake_cuda_regions.py). The full matrix (every kernel, dtype and arch, and a
+corpus of generated kernels) is benchmarks/aot_kernels.py."""
 
 import pytest
 import torch
@@ -33,7 +34,11 @@ def test_representative_kernels_compile_without_spills_and_vectorize():
     jobs = [(handwritten["tempo_gelu_forward[tanh] bf16"], 90),
             (handwritten["tempo_gelu_backward[none] bf16"], 90),
             (handwritten["lstm_forward H=1024 fp32"], 80),
-            (handwritten["gru_backward H=1024 bf16"], 90)]
+            (handwritten["gru_backward H=1024 bf16"], 90),
+            # the sequence ops call the backward kernels with other pointer types (bf16
+            # gate gradients, the LSTM's fp32 cell-state carry): their own specializations
+            (handwritten["lstm_backward[sequence] H=1024 bf16"], 90),
+            (handwritten["gru_backward[sequence] H=1024 bf16"], 90)]
     contiguous = Layout(ndim=1, strided_inputs=(False,) * 3, strided_outputs=(False,),
                         wide=False)
     broadcast = Layout(ndim=2, strided_inputs=(False, True, False), strided_outputs=(False,),
