@@ -107,24 +107,25 @@ def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
     forward and ``run_with_rng_state`` in the backward, so its bits are the forward's."""
     from torch._functorch.partitioners import default_partition as _default
 
-    forward, backward = _default(joint, joint_inputs, **kwargs)
-    for gm in (forward, backward):
-        _fill_rng_wrapper_values(gm)
-    return forward, backward
+    return _with_rng_wrapper_values(_default(joint, joint_inputs, **kwargs))
 
 
-def _fill_rng_wrapper_values(gm: fx.GraphModule) -> None:
-    """The RNG wrappers ``functionalize_rng_ops`` adds carry no ``meta["val"]``; their
-    getitem users do: the wrapper's value is the tuple of those."""
+def _with_rng_wrapper_values(graphs: tuple[fx.GraphModule, fx.GraphModule]
+                             ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """A partition's (forward, backward), its RNG wrappers given values. The wrappers that
+    ``functionalize_rng_ops`` adds carry no ``meta["val"]``; their getitem users do: the
+    wrapper's value is the tuple of those. fxopt's cost and planner read every node's."""
     from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
-    for node in gm.graph.nodes:
-        if node.target not in (run_and_save_rng_state, run_with_rng_state) \
-                or "val" in node.meta:
-            continue
-        items = {u.args[1]: u.meta.get("val") for u in node.users if u.target is getitem}
-        if items and len(items) == len(node.users) and None not in items.values():
-            node.meta["val"] = tuple(items.get(i) for i in range(max(items) + 1))
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.target not in (run_and_save_rng_state, run_with_rng_state) \
+                    or "val" in node.meta:
+                continue
+            items = {u.args[1]: u.meta.get("val") for u in node.users if u.target is getitem}
+            if items and len(items) == len(node.users) and None not in items.values():
+                node.meta["val"] = tuple(items.get(i) for i in range(max(items) + 1))
+    return graphs
 
 
 def rng_wrapped_call(node: fx.Node) -> tuple[Any, tuple, dict, Any] | None:
@@ -147,10 +148,9 @@ def min_cut_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
     """Inductor's partitioner: recomputes cheap ops that a fusing compiler gets for free."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
-    for gm in (forward, backward):  # a recomputed random op is replayed, as in default's
-        _fill_rng_wrapper_values(gm)
-    return forward, backward
+    # a recomputed random op is replayed through the RNG wrappers, as in default's
+    return _with_rng_wrapper_values(
+        min_cut_rematerialization_partition(joint, joint_inputs, **kwargs))
 
 
 PARTITION_SEARCH = "fxopt_partition_search"  # joint gm.meta key: a budgeted min-cut search
@@ -173,10 +173,7 @@ def inductor_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any
     if search is None and inductor_partition_fn is not None:
         # a random op recomputed in the backward (dropout or SDPA inside the user's
         # torch.utils.checkpoint) is replayed through the RNG wrappers, as in min-cut's
-        forward, backward = inductor_partition_fn(joint, joint_inputs, **kwargs)
-        for gm in (forward, backward):
-            _fill_rng_wrapper_values(gm)
-        return forward, backward
+        return _with_rng_wrapper_values(inductor_partition_fn(joint, joint_inputs, **kwargs))
 
     def min_cut(gm: fx.GraphModule, inputs: Any, **options: Any
                 ) -> tuple[fx.GraphModule, fx.GraphModule]:
