@@ -158,13 +158,12 @@ def test_lstm_sequence_in_bfloat16_matches_the_cell_op_step_by_step(path):
     assert out.dtype == torch.bfloat16 and torch.equal(c_n, c) and torch.equal(h_n, h)
 
 
+@pytest.mark.parametrize("path", ["triton"], indirect=True)  # the reference launches none
 def test_bf16_launches_are_the_specializations_the_aot_check_compiles(path):
     """The pointer types each kernel is launched with in bf16 are those of the specs
     `fxopt.kernels.aot` compiles for sm_80/sm_90 (tests/kernels/test_kernels_aot.py): the
     forward kernels' as the cell ops call them, the backward kernels' as the sequence ops
     do (bf16 gate gradients, the LSTM's fp32 cell-state carry)."""
-    if path.name == "reference":
-        pytest.skip("no kernel launches on the reference path")
     from fxopt.kernels import aot
 
     for gates, op in ((4, lstm_sequence), (3, gru_sequence)):
