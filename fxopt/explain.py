@@ -154,8 +154,9 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
         notes.append(
             "fuse_linear_cross_entropy computes the loss without the logits, but something "
             "else in the graph still uses them, so they are still made: a transformers "
-            "causal LM returns them with its loss. For training steps that read only the "
-            "loss, fxopt.drop_logits(model) removes them from the output")
+            "language model (causal or sequence-to-sequence) returns them with its loss. "
+            "For training steps that read only the loss, fxopt.drop_logits(model) removes "
+            "them from the output")
     if not graphs:
         why = ("see the graph break(s) above" if breaks else
                "the call ran no tensor operation Dynamo could capture, or Dynamo skipped "

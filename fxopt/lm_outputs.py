@@ -1,13 +1,14 @@
 """What a training step asks of a language model's output, so that its compiled graph makes
 no more than that.
 
-transformers' causal LMs return the loss and the (batch x sequence x vocabulary) logits
-together. Compiled as users compile them (``torch.compile(model)``, the step
-``model(ids, labels=ids).loss.backward()``), the logits are a graph output, so the graph
-makes them and keeps them until the output is dropped: on GPT-2's vocabulary that is the
-step's largest tensor, and it is made even where ``fuse_linear_cross_entropy`` computes the
-loss without it (explain: "its logits still made for another user"). A module forward hook
-cannot drop them: torch.compile compiles the module's forward, and the hooks run after it.
+transformers' language models, causal and sequence-to-sequence, return the loss and the
+(batch x sequence x vocabulary) logits together. Compiled as users compile them
+(``torch.compile(model)``, the step ``model(ids, labels=ids).loss.backward()``), the
+logits are a graph output, so the graph makes them and keeps them until the output is
+dropped: on GPT-2's vocabulary that is the step's largest tensor, and it is made even where
+``fuse_linear_cross_entropy`` computes the loss without it (explain: "its logits still made
+for another user"). A module forward hook cannot drop them: torch.compile compiles the
+module's forward, and the hooks run after it.
 
 :func:`drop_logits` wraps the model's own forward, inside what Dynamo traces, so that a call
 that computes a loss returns it without the logits; the Linear then has no user but the

@@ -1,6 +1,7 @@
-"""fxopt.drop_logits: a transformers causal LM compiled as users compile it returns no
-logits from a step that computes its loss, so the graph never makes them and
-fuse_linear_cross_entropy replaces the head whole; everything else is as before."""
+"""fxopt.drop_logits: a transformers language model (causal, or sequence-to-sequence as T5)
+compiled as users compile it returns no logits from a step that computes its loss, so the
+graph never makes them and fuse_linear_cross_entropy replaces the head whole; everything
+else is as before."""
 
 import pytest
 import torch
@@ -46,6 +47,23 @@ def test_a_compiled_step_makes_no_logits_and_the_fused_loss_takes_the_whole_head
     assert (2, 9, V) not in shapes and shapes  # the loss (and the cache) only
     peaks = [c.graphs[0].memory["fxopt"].peak_bytes for c in (kept, dropped)]
     assert peaks[1] < peaks[0]
+
+
+def test_a_sequence_to_sequence_model_drops_its_logits_too():
+    """T5 ties its head to the embedding, scales the decoder's output by d_model ** -0.5
+    before it, and takes its own CrossEntropyLoss(ignore_index=-100) over the flattened
+    logits; its output is a Seq2SeqLMOutput, which drop_logits rebuilds without them."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                   num_heads=4, dropout_rate=0.0, decoder_start_token_id=0)
+    ids, labels = _ids(), _ids(seq=7)
+    labels[0, -2:] = -100  # padding the loss ignores
+    dropped = assert_same_as_eager(
+        fxopt.drop_logits(transformers.T5ForConditionalGeneration(config)), (ids,), FUSED,
+        kwargs={"labels": labels})
+    assert dropped.eager_output.logits is None
+    assert dropped.eager_output.encoder_last_hidden_state is not None
+    assert _pass_kinds(dropped) == ["linear, logits recomputed in the backward"]
 
 
 def test_calls_without_a_loss_and_tuple_outputs():
