@@ -82,12 +82,6 @@ class Codegen:
         return self._inductor
 
     @property
-    def runs_custom_ops_as_extern(self) -> bool:
-        """Whether fxopt's custom ops run as opaque extern kernels inside generated code
-        (Inductor) rather than as calls of the fx graph."""
-        return self._inductor
-
-    @property
     def partitions_by_min_cut(self) -> bool:
         """Whether the joint graph is partitioned by Inductor's min-cut (which recomputes
         what it fuses; a fraction budget is then met there) rather than by AOTAutograd's
