@@ -1,9 +1,14 @@
 """A byte budget with recompute on a transformer block: the peak the plan predicts is within
 5% of the peak measured when the partitioned forward and backward graphs run on real tensors
 (``run_step_graphs``: what fxopt's fx code generation executes), where chains of recomputed
-tensors are rebuilt from other recomputed tensors in the backward. Bounds at 90% and 85%
-of the keep-all peak (1,320,704 bytes), both reachable. Measured on this block: predicted
-1,185,536 and 1,107,584 bytes against 1,185,536 and 1,077,888 (0% and +2.8%). Not 80%:
+tensors are rebuilt from other recomputed tensors in the backward.
+
+The bounds lie between the keep-all peak and the lowest one a plan reaches (the floor,
+from a budget of half the keep-all peak), at 60% and 25% of the way down: torch moves both
+ends. torch 2.13 keeps 1,320,704 bytes with the floor at 1,043,072 (79%); torch 2.14's
+forward has 4 clones to 2.13's 6 and keeps 1,077,888, floor 1,006,208 (93%), so fixed
+fractions of 90% and 85%, which these tests used, lay below its floor. Measured on both:
+every plan's prediction equal to its measured peak. Not closer to the floor than 25%:
 whether a plan reaches it depends on how far the time-limited MILP gets on a loaded machine.
 """
 
@@ -35,10 +40,23 @@ def _step(budget):
     return measured.peak_bytes, graph.pass_records("swap_recompute")
 
 
-@pytest.mark.parametrize("fraction", [0.9, 0.85])
-def test_predicted_peak_within_5_percent_of_measured(fraction):
+@pytest.fixture(scope="module")
+def keep_all_and_floor():
+    """The measured keep-all peak, and the floor: the measured peak of the plan that half
+    the keep-all peak gets (warned: below what any plan reaches), which its prediction
+    equals."""
     keep_all, _ = _step(None)
-    bound = int(fraction * keep_all)
+    with pytest.warns(UserWarning, match="the lowest predicted peak reachable is"):
+        floor, (record,) = _step(keep_all // 2)
+    assert record.stats["peak_after"] == pytest.approx(floor, rel=TOLERANCE)
+    assert floor < keep_all
+    return keep_all, floor
+
+
+@pytest.mark.parametrize("share", [0.6, 0.25])
+def test_predicted_peak_within_5_percent_of_measured(share, keep_all_and_floor):
+    keep_all, floor = keep_all_and_floor
+    bound = int(floor + share * (keep_all - floor))
     measured, (record,) = _step(bound)
     assert record.fired and record.verdicts.matched["recompute"].count > 0
     predicted = record.stats["plan"]["predictions"]["peak_bytes"]
