@@ -367,10 +367,12 @@ def fake_mode_of(values: Sequence[Any]) -> Any:
 
 def size_hint(size: Any, fallback: int) -> int:
     """A concrete int for a SymInt, without adding a guard (``fallback`` for unbacked
-    sizes). torch 2.13 calls this ``optimization_hint``; earlier releases ``hint_int``."""
+    sizes). torch 2.13 calls this ``optimization_hint``, 2.11 and 2.12 ``size_hint`` (their
+    ``hint_int`` warns that it is deprecated), earlier releases ``hint_int``."""
     from torch.fx.experimental import symbolic_shapes
 
-    hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+    hint = (getattr(symbolic_shapes, "optimization_hint", None)
+            or getattr(symbolic_shapes, "size_hint", None) or symbolic_shapes.hint_int)
     return int(hint(size, fallback=fallback))
 
 
