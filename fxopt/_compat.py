@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from operator import getitem
@@ -29,7 +30,8 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
-    "boxed_fx_callable", "call_kernel", "copy_graph", "default_partition",
+    "boxed_fx_callable", "call_kernel", "copy_graph", "decomposed_lstm_states_misshapen",
+    "default_partition",
     "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
     "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",
@@ -348,6 +350,28 @@ def dynamo_suppresses_errors() -> bool:
     import torch._dynamo.config as dynamo_config
 
     return bool(dynamo_config.suppress_errors)
+
+
+@functools.cache
+def decomposed_lstm_states_misshapen() -> bool:
+    """Whether torch's own decomposition of ``nn.LSTM`` (what Dynamo's fake tensors and
+    AOTAutograd trace a call through wherever oneDNN does not run it: training, CUDA,
+    ``proj_size``) returns ``h_n`` and ``c_n`` with an extra dimension, (layers, 1, batch,
+    hidden) where eager's are (layers, batch, hidden). torch 2.11 and 2.12's do (their
+    ``one_layer_lstm`` squeezes dim 1, not 0), so plain ``torch.compile`` under
+    ``allow_rnn`` returns misshapen states there; 2.13 fixed it. Read by running it once on
+    a batch of 2, where a wrong squeeze leaves the extra dimension."""
+    from torch._decomp import decompositions
+
+    one_layer = getattr(decompositions, "one_layer_lstm", None)
+    if one_layer is None:
+        return False
+    batch, hidden = 2, 3
+    states = (torch.zeros(batch, hidden), torch.zeros(batch, hidden))
+    params = [torch.zeros(4 * hidden, 1), torch.zeros(4 * hidden, hidden)]
+    with torch.no_grad():
+        _, (h_n, _) = one_layer(torch.zeros(1, batch, 1), states, params, False)
+    return h_n.dim() != 2
 
 
 def dynamo_traces_rnn() -> bool:

@@ -16,7 +16,7 @@ def test_report_lists_graphs_passes_and_memory():
     assert report.ran_backward and len(report.graphs) == 1
     names = [r.name for r in report.passes]
     assert names == ["noop_dropout", "tempo", "fuse_rnn", "recompute_rnn", "library_rnn",
-                     "fuse_linear_cross_entropy", "swap_recompute",
+                     "reshape_lstm_states", "fuse_linear_cross_entropy", "swap_recompute",
                      "fuse_linear_cross_entropy_chunks", "fuse_elementwise",
                      "swap_prefetch", "fuse_linear_cross_entropy_chunks", "fuse_elementwise",
                      "offload_optimizer"]

@@ -9,6 +9,7 @@ beside this file.
 
 from __future__ import annotations
 
+from fxopt import _compat
 from fxopt.passes.base import (
     GraphKind,
     PassContext,
@@ -25,6 +26,7 @@ from fxopt.passes.library_rnn import library_rnn
 from fxopt.passes.noop_dropout import noop_dropout
 from fxopt.passes.offload_optimizer import offload_optimizer
 from fxopt.passes.recompute_rnn import recompute_rnn
+from fxopt.passes.reshape_lstm_states import reshape_lstm_states
 from fxopt.passes.swap_prefetch import swap_prefetch
 from fxopt.passes.swap_recompute import swap_recompute
 from fxopt.passes.tempo import tempo
@@ -78,6 +80,13 @@ PIPELINE: list[PassSpec] = [
         default_text="on CUDA unless fuse_rnn=False or memory_budget (or plan) is set",
         description="whole nn.LSTM/nn.GRU calls that fuse_rnn left to cuDNN run once, as "
                     "eager's, the library's autograd graph kept for the backward"),
+    PassSpec(
+        name="reshape_lstm_states", stages=(Stage.PRE_AUTOGRAD,), run=reshape_lstm_states,
+        default=lambda ctx: _compat.decomposed_lstm_states_misshapen(),
+        default_text="on torch 2.11 and 2.12, whose decomposition misshapes nn.LSTM's "
+                     "h_n and c_n",
+        description="gives the nn.LSTM calls left to torch's decomposition eager's h_n and "
+                    "c_n shapes (internal: a fix for torch 2.11 and 2.12)"),
     PassSpec(
         name="fuse_linear_cross_entropy", flag="fuse_linear_cross_entropy",
         stages=(Stage.PRE_AUTOGRAD,), run=fuse_linear_cross_entropy, default=_budget_or_plan,
