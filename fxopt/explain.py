@@ -28,6 +28,7 @@ from fxopt import _compat, config
 from fxopt.analysis.memory import MemoryEstimate
 from fxopt.compiler import Backend, GraphRecord
 from fxopt.config import Options
+from fxopt.lm_outputs import drops_logits
 from fxopt.passes.base import WHOLE_GRAPH, Verdicts
 from fxopt.pipeline import PassRecord
 from fxopt.units import format_mib as _mib
@@ -151,12 +152,19 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
             "logging.Logger.warning_once), ignore_logger_methods in older torch")
     if any("its logits still made" in kind for graph in graphs for r in graph.passes
            if r.name == "fuse_linear_cross_entropy" for kind in r.verdicts.matched):
-        notes.append(
-            "fuse_linear_cross_entropy computes the loss without the logits, but something "
-            "else in the graph still uses them, so they are still made: a transformers "
-            "language model (causal or sequence-to-sequence) returns them with its loss. "
-            "For training steps that read only the loss, fxopt.drop_logits(model) removes "
-            "them from the output")
+        still_made = ("fuse_linear_cross_entropy computes the loss without the logits, but "
+                      "something else in the graph still uses them, so they are still made")
+        if drops_logits(model) and breaks:
+            notes.append(
+                f"{still_made}: the model drops them (fxopt.drop_logits), but Dynamo breaks "
+                "the graph inside its forward (the graph break(s) above), so the graph that "
+                "computes the loss returns them to the frame that drops them. Without the "
+                "break they are never made")
+        else:
+            notes.append(
+                f"{still_made}: a transformers language model (causal or "
+                "sequence-to-sequence) returns them with its loss. For training steps that "
+                "read only the loss, fxopt.drop_logits(model) removes them from the output")
     if not graphs:
         why = ("see the graph break(s) above" if breaks else
                "the call ran no tensor operation Dynamo could capture, or Dynamo skipped "

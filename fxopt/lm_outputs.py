@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["drop_logits"]
+__all__ = ["drop_logits", "drops_logits"]
 
 
 def drop_logits(model: torch.nn.Module) -> torch.nn.Module:
@@ -44,9 +44,9 @@ def drop_logits(model: torch.nn.Module) -> torch.nn.Module:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxopt.drop_logits: expected an nn.Module, got "
                         f"{type(model).__name__}")
-    forward = model.forward
-    if getattr(forward, "_fxopt_drops_logits", False):
+    if drops_logits(model):
         return model
+    forward = model.forward
 
     @functools.wraps(forward)
     def forward_without_logits(*args: Any, **kwargs: Any) -> Any:
@@ -55,6 +55,11 @@ def drop_logits(model: torch.nn.Module) -> torch.nn.Module:
     forward_without_logits._fxopt_drops_logits = True  # type: ignore[attr-defined]
     model.forward = forward_without_logits
     return model
+
+
+def drops_logits(model: Any) -> bool:
+    """Whether :func:`drop_logits` has wrapped ``model``'s forward."""
+    return getattr(getattr(model, "forward", None), "_fxopt_drops_logits", False)
 
 
 def _without_logits(output: Any) -> Any:
