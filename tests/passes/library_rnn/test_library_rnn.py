@@ -186,7 +186,9 @@ def test_inductors_buffer_reuse_never_reaches_what_the_kept_graph_reads(nothing_
             assert_same_as_eager, model, (ids.T, labels.T),
             {"codegen": "inductor", "library_rnn": True})
     assert comparison.fired("library_rnn")
-    assert "= buf0; del buf0  # reuse" in forward  # the sequence's buffer, reused
+    # the sequence's buffer, reused (torch 2.11's Inductor fuses the product into the op's
+    # input and frees it after the call instead: there the model only checks the values)
+    assert "= buf0; del buf0  # reuse" in forward or torch.__version__ < "2.13"
     # the library's call runs once: the partition recomputes nothing of it in the backward
     assert forward.count("fxopt.library_rnn.default(") == 1
     assert "fxopt.library_rnn.default(" not in backward
