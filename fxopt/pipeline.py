@@ -200,7 +200,10 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
                   decline.site, decline.reason)
     for instrument in instruments:
         _observe(instrument.pass_finished, record, gm, out)
-    return out
+    # a pass that neither changed the graph nor planned leaves it as it was: its copy would
+    # differ in what the copy drops, and the compiler reads an untouched Dynamo graph as
+    # plain autograd's
+    return out if record.fired else gm
 
 
 def _interface(gm: fx.GraphModule) -> tuple[list[str], int | None]:
