@@ -134,8 +134,14 @@ class _TensorSpec:
     device: str
 
     def build(self) -> torch.Tensor:
-        t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
-        return t.normal_() if t.is_floating_point() else t.zero_()
+        """A tensor of this layout with values in it; an expanded one (a stride of 0, as a
+        zero gradient autograd broadcasts) is a view of its filled storage, which cannot
+        be filled through the view itself."""
+        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride)) \
+            if all(self.shape) else 0
+        storage = torch.empty(span, dtype=self.dtype, device=self.device)
+        storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
+        return storage.as_strided(self.shape, self.stride)
 
 
 def _spec(value: Any) -> Any:

@@ -44,3 +44,15 @@ def test_tempo_gelu_workspace_makes_the_peak_prediction_match_the_measurement(mo
     monkeypatch.setattr(memory, "workspace_bytes", lambda node: 0)  # the model before
     assert estimate_step_memory(fw, bw).peak_bytes < (1 - TOLERANCE) * measured
     workspace._measured.cache_clear()
+
+
+@pytest.mark.parametrize("shape,stride", [((3, 5), (5, 1)), ((3, 5), (0, 1)),
+                                          ((2, 3, 4), (0, 0, 1)), ((4, 3), (1, 4)),
+                                          ((0, 3), (3, 1)), ((), ())])
+def test_a_measured_ops_arguments_are_rebuilt_with_their_layout_expanded_ones_too(shape, stride):
+    """An expanded argument (stride 0: a zero gradient autograd broadcast to fuse_rnn's
+    sequence backward) failed to build, and the op's workspace went unmeasured, warned."""
+    spec = workspace._TensorSpec(shape, stride, torch.float32, "cpu")
+    built = spec.build()
+    assert (tuple(built.shape), built.stride()) == (shape, stride)
+    assert torch.isfinite(built).all()
