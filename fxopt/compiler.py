@@ -45,7 +45,6 @@ from fxopt.pipeline import (
     PassFailure,
     PassRecord,
     capture_step,
-    copy_graph_module,
     removed_saved_bytes,
     run_stage,
 )
@@ -385,7 +384,7 @@ class _GraphCompiler:
         self.record.cost[ctx.graph_kind.value] = _report_only(graph_cost, gm)
         if self.codegen.compiles_by_inductor:
             try:
-                return self._inductor(stage, copy_graph_module(gm), ctx, example_inputs)
+                return self._inductor(stage, _compat.copy_graph_module(gm), ctx, example_inputs)
             except Exception as exc:
                 if self.options.strict or _compat.is_dynamo_protocol_error(exc):
                     raise
@@ -429,7 +428,7 @@ def _plain_joint_memory(example_inputs: Sequence[Any], ctx: PassContext
             return _compat.default_partition(joint, joint_inputs,
                                              num_fwd_outputs=num_fwd_outputs, **kwargs)
 
-        capture_step(copy_graph_module(gm), example_inputs, ctx, None, partition=partition)
+        capture_step(_compat.copy_graph_module(gm), example_inputs, ctx, None, partition=partition)
         return found[0] if found else None
 
     return plain_joint_memory

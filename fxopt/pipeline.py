@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from fxopt.analysis.memory import MemoryEstimate
 
 __all__ = ["PassRecord", "Instrument", "PassFailure", "run_stage", "capture_step",
-           "removed_saved_bytes", "copy_graph_module"]
+           "removed_saved_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,6 @@ class Instrument(Protocol):
 
     def pass_finished(self, record: PassRecord, before: fx.GraphModule,
                       after: fx.GraphModule) -> None: ...
-
-
-def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy whose graph can be rewritten freely; node meta is copied shallowly (fake
-    values are shared, never mutated), attributes and submodules are shared with ``gm``."""
-    new = fx.GraphModule(gm, _compat.copy_graph(gm.graph), gm.__class__.__name__)
-    new.meta = dict(gm.meta)
-    return new
 
 
 def run_stage(stage: Stage, gm: fx.GraphModule, ctx: PassContext,
@@ -161,7 +153,7 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
     record.memory_before = memory(gm)
     start = time.perf_counter()
     try:
-        work = copy_graph_module(gm)
+        work = _compat.copy_graph_module(gm)
         result = spec.run(work, pass_ctx)
         out = result.graph_module
         if result.modified:

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 import torch.fx as fx
-from models import MLP
+from models import MLP, Block
 from torch._dynamo.exc import BackendCompilerFailed
 
 import fxopt
@@ -206,3 +206,32 @@ def test_passes_chain_and_memory_before_is_the_previous_after():
     assert second.memory_before == first.memory_after
     # the erf formula keeps more intermediates alive than one gelu node
     assert first.memory_after.peak_bytes >= first.memory_before.peak_bytes
+
+
+def claims_a_change(gm: fx.GraphModule, ctx) -> PassResult:
+    """Test pass: changes nothing but says it did, so the runner hands on its copy."""
+    verdicts = Verdicts()
+    verdicts.match("nothing")
+    return PassResult(gm, True, verdicts)
+
+
+def _inductor_graphs(model, x, extra=()):
+    backend = fxopt.backend(codegen="inductor")
+    with extra_passes(*extra):
+        torch.compile(model, backend=backend)(x).sum().backward()
+    torch._dynamo.reset()
+    (record,) = backend.graphs
+    return record, [len(record.graphs[k].graph.nodes) for k in ("forward", "backward")]
+
+
+def test_a_copied_dynamo_graph_partitions_as_dynamos_own():
+    """The runner's copy keeps what Dynamo recorded on its graph module (the parameters'
+    sources): without it AOTAutograd takes the copy for an exported graph, whose parameters
+    are no static inputs, and Inductor's min-cut saves other values (this block: forward and
+    backward of 107 and 119 nodes, not 103 and 127; tiny BERT: a 1.5% higher measured peak)."""
+    torch.manual_seed(0)
+    model, x = Block(dim=32), torch.randn(3, 9, 32)
+    _, plain = _inductor_graphs(model, x)
+    record, copied = _inductor_graphs(model, x, [spec(claims_a_change, Stage.PRE_AUTOGRAD)])
+    assert record.pass_records("claims_a_change")[0].fired
+    assert copied == plain

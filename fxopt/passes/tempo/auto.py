@@ -42,13 +42,6 @@ from fxopt.planner.step import StepProblem
 __all__ = ["choose_sites", "tempo_variants", "trace_joint"]
 
 
-def _copy(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` to rewrite (shared attributes, as the pipeline's copies)."""
-    new = fx.GraphModule(gm, _compat.copy_graph(gm.graph), gm.__class__.__name__)
-    new.meta = dict(gm.meta)
-    return new
-
-
 def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                 codegen: Codegen | str = "fx") -> tuple[fx.GraphModule, int]:
     """The joint graph AOTAutograd builds for ``gm`` (a copy is traced) and its number of
@@ -63,7 +56,7 @@ def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         return _compat.default_partition(joint, joint_inputs,
                                          num_fwd_outputs=num_fwd_outputs, **kwargs)
 
-    as_codegen(codegen).trace(_copy(gm), example_inputs, partition=partition)
+    as_codegen(codegen).trace(_compat.copy_graph_module(gm), example_inputs, partition=partition)
     if not found:
         raise ValueError("fxopt: tempo='auto' found no joint graph (no input requires grad)")
     return found[0]
@@ -79,12 +72,12 @@ def tempo_variants(gm: fx.GraphModule, example_inputs: Sequence[Any], hardware: 
 
     codegen = as_codegen(codegen)
     if kinds is None:
-        probe = _copy(gm)
+        probe = _compat.copy_graph_module(gm)
         kinds = sorted(rewrite_sites(probe, RewriteCounter()).matched)
     variants = {}
     for size in range(len(kinds) + 1):
         for subset in itertools.combinations(sorted(kinds), size):
-            variant = _copy(gm)
+            variant = _compat.copy_graph_module(gm)
             if subset:
                 rewrite_sites(variant, RewriteCounter(), set(subset),
                               fusible=codegen.fuses_pointwise)
@@ -104,7 +97,7 @@ def choose_sites(gm: fx.GraphModule, ctx: PassContext) -> dict[str, Any]:
                          "memory_budget too (e.g. 0.5 or '6GiB')")
     from fxopt.passes.tempo import rewrite_sites
 
-    kinds = sorted(rewrite_sites(_copy(gm), RewriteCounter()).matched)
+    kinds = sorted(rewrite_sites(_compat.copy_graph_module(gm), RewriteCounter()).matched)
     if not kinds:  # nothing to decide: no trace, no plan
         return {"taken": [], "reason": "no tempo site in this graph", "candidates": [],
                 "seconds": time.perf_counter() - began}
