@@ -31,8 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "call_kernel", "copy_graph", "copy_graph_module",
-    "decomposed_lstm_states_misshapen",
-    "default_partition",
+    "decomposed_lstm_states_misshapen", "default_partition",
     "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
     "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",

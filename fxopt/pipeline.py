@@ -192,9 +192,8 @@ def _run_pass(spec: PassSpec, gm: fx.GraphModule, ctx: PassContext,
                   decline.site, decline.reason)
     for instrument in instruments:
         _observe(instrument.pass_finished, record, gm, out)
-    # a pass that neither changed the graph nor planned leaves it as it was: its copy would
-    # differ in what the copy drops, and the compiler reads an untouched Dynamo graph as
-    # plain autograd's
+    # a pass that neither changed the graph nor planned hands on the graph it was given:
+    # the compiler reads an untouched Dynamo graph as plain autograd's
     return out if record.fired else gm
 
 
