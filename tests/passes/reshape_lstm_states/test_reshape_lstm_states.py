@@ -41,7 +41,7 @@ def misshaping_decomposition(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def traced_rnns():
-    with torch._dynamo.config.patch(allow_rnn=True):
+    with _compat.dynamo_allow_rnn():
         yield
 
 
