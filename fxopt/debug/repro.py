@@ -134,13 +134,18 @@ def _plain_code(gm: fx.GraphModule) -> str:
 
 
 def _tensor_attributes(gm: fx.GraphModule) -> dict[str, torch.Tensor]:
+    """The graph's tensor attributes, detached and on the CPU. The dump writes while the
+    compilation's FakeTensorMode is active, and the attributes (a lifted constant such as
+    transformers' ``tensor(0.)``) are real tensors, which that mode refuses to run ops on;
+    so the copies are made with no mode active."""
     attributes: dict[str, torch.Tensor] = {}
     for node in gm.graph.find_nodes(op="get_attr"):
         value = functools.reduce(getattr, node.target.split("."), gm)
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"the graph reads attribute {node.target!r}, a "
                              f"{type(value).__name__}; only tensor attributes can be saved")
-        attributes[node.target] = value.detach().cpu()
+        with _compat.modes_suspended():
+            attributes[node.target] = value.detach().cpu()
     return attributes
 
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from fxopt.debug.repro import write_repro
 
@@ -45,6 +46,17 @@ def test_repro_carries_nested_tensor_attributes_and_runs(tmp_path, capsys, monke
     monkeypatch.setattr(sys, "argv", [str(script), "--seed", "3"])
     runpy.run_path(str(script), run_name="__main__")
     assert capsys.readouterr().out == "output 0: float32[5, 3]\n"
+
+
+def test_repro_saves_real_attributes_while_the_compilation_fake_mode_is_active(tmp_path):
+    """The dump writes inside AOTAutograd's FakeTensorMode, whose graphs may read real
+    constants (transformers 5.17's GPT-2 lifts a ``tensor(0.)``)."""
+    gm = traced_with_values(torch.randn(5, 3), torch.zeros(7, dtype=torch.long))
+    with FakeTensorMode():
+        script = write_repro(gm, tmp_path, graph="g0", kind="forward", stage="forward")
+    saved = torch.load(script.with_suffix(".pt"))
+    assert not any(isinstance(value, FakeTensor) for value in saved.values())
+    torch.testing.assert_close(saved["table"], gm.table.detach())
 
 
 def test_graph_without_recorded_inputs_is_refused(tmp_path):
