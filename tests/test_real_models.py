@@ -67,18 +67,30 @@ def bart():
 # ends in a no-op type_as (tempo), Gemma 2 soft-caps its logits (cap * tanh(z / cap)),
 # Cohere normalizes by hand and scales its logits, BART adds final_logits_bias (the fused
 # loss folds the cap, the scale and the bias into its op).
-@pytest.mark.parametrize("build, fired", [
-    (gemma, {"tempo", "fuse_linear_cross_entropy"}),
-    (gemma2, {"tempo", "fuse_linear_cross_entropy"}),
-    (cohere, {"tempo", "fuse_linear_cross_entropy"}),
-    (bart, {"tempo", "fuse_linear_cross_entropy"})], ids=["gemma", "gemma2", "cohere", "bart"])
-def test_transformers_sites_as_written_fire_and_train_like_eager(build, fired):
+#
+# The Gemmas' fp32 atol is 2e-4, not 1e-5: they scale the tied embedding by sqrt(hidden),
+# so its gradient reaches 60 (Gemma) and 95 (Gemma 2) here, and an entry that cancels toward
+# 0 keeps an fp32 rounding error of about 1e-6 x that. Gemma 2's eager gradient is itself
+# 4-7e-5 from an fp64 run of the same steps, one entry past the default 1e-5 (torch 2.11 and
+# 2.13, transformers 5.17 and 5.24), so eager and fxopt may differ by twice that.
+# rtol stays 1e-4.
+GEMMA_FP32 = {torch.float32: (1e-4, 2e-4)}
+
+
+@pytest.mark.parametrize("build, fired, tolerances", [
+    (gemma, {"tempo", "fuse_linear_cross_entropy"}, GEMMA_FP32),
+    (gemma2, {"tempo", "fuse_linear_cross_entropy"}, GEMMA_FP32),
+    (cohere, {"tempo", "fuse_linear_cross_entropy"}, None),
+    (bart, {"tempo", "fuse_linear_cross_entropy"}, None)],
+    ids=["gemma", "gemma2", "cohere", "bart"])
+def test_transformers_sites_as_written_fire_and_train_like_eager(build, fired, tolerances):
     torch.manual_seed(0)
     ids = torch.randint(0, VOCAB, (2, 11))
     comparison = assert_same_as_eager(
         build().train(), (), {"codegen": "fx", "tempo": True, "strict": True,
                               "fuse_linear_cross_entropy": True},
-        kwargs={"input_ids": ids, "labels": ids, "use_cache": False}, steps=2)
+        kwargs={"input_ids": ids, "labels": ids, "use_cache": False}, steps=2,
+        tolerances=tolerances)
     assert {name for name in ("tempo", "fuse_linear_cross_entropy")
             if comparison.fired(name)} == fired
 
