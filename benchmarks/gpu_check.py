@@ -86,7 +86,7 @@ import torch
 import fxopt
 from fxopt import _compat
 from fxopt.bench import timing
-from fxopt.bench.configs import checkpoint_each
+from fxopt.bench.configs import checkpoint_blocks, checkpoint_each
 from fxopt.bench.table import Case, Row, markdown_tables, read_rows, run_cases, write_atomically
 from fxopt.bench.workloads import LSTMCellLoopLM, LSTMLanguageModel, gpt2
 from fxopt.devices import indexed
@@ -577,7 +577,7 @@ class Check:
 
 
 def _checkpoint_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    checkpoint_each(list(model.transformer.h))
+    checkpoint_blocks(model, list(model.transformer.h))
     return model
 
 

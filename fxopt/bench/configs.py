@@ -19,7 +19,7 @@ from torch import nn
 from fxopt import _compat
 from fxopt.bench.workloads import Workload
 
-__all__ = ["Config", "all_configs", "checkpoint_each", "get_configs"]
+__all__ = ["Config", "all_configs", "checkpoint_blocks", "checkpoint_each", "get_configs"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,27 @@ def _inductor(model: nn.Module, workload: Workload) -> nn.Module:
 
 
 def _checkpointed(model: nn.Module, workload: Workload) -> nn.Module:
-    checkpoint_each(workload.checkpoint_layers(model))
+    checkpoint_blocks(model, workload.checkpoint_layers(model))
     return model
+
+
+def checkpoint_blocks(model: nn.Module, layers: list[nn.Module]) -> None:
+    """Per-block activation checkpointing as the model's users turn it on: on a
+    transformers model, its own switch, non-reentrant (``activation_checkpointing_enable``;
+    releases up to 5.17 at least name it ``gradient_checkpointing_enable``, which 5.24
+    deprecates); on any other model, :func:`checkpoint_each` of ``layers``.
+
+    transformers' switch also stops the blocks filling a key-value cache in training,
+    as checkpointing needs: a cache the blocks fill keeps every block's keys and values
+    alive through the forward (bytes checkpointing should have freed), and on transformers
+    4.57 its second fill, in the recompute, changes the recomputed shapes
+    (``CheckpointError``)."""
+    if getattr(model, "supports_gradient_checkpointing", False):
+        enable = (getattr(model, "activation_checkpointing_enable", None)
+                  or model.gradient_checkpointing_enable)
+        enable({"use_reentrant": False})
+    else:
+        checkpoint_each(layers)
 
 
 def checkpoint_each(layers: list[nn.Module]) -> None:

@@ -1,5 +1,7 @@
 """fxopt.bench: the largest-batch search, workloads, configurations, a failing pair."""
 
+import copy
+
 import pytest
 import torch
 
@@ -87,3 +89,41 @@ def test_cuda_measurement_under_a_memory_fraction():
         result = measure(WORKLOADS["lstm-lm"], config, settings)
         assert result.status == "ok", result.error
         assert 0 < result.peak_bytes <= 2**28 and result.max_batch >= result.batch
+
+
+def _saved_bytes_and_grads(model, inputs):
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.untyped_storage().nbytes())
+        return tensor
+
+    torch.manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = model(**inputs)
+    out.loss.backward()
+    return sum(saved), out, {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", ["gpt2-small", "bert-base", "llama-style"])
+def test_the_checkpoint_peer_checkpoints_transformers_blocks_as_users_turn_it_on(name):
+    """The peer is transformers' own switch: it saves fewer bytes than the plain model, fills
+    no key-value cache (which would keep every block's keys and values alive), and leaves
+    the gradients as they were (non-reentrant checkpointing replays dropout's RNG)."""
+    pytest.importorskip("transformers")
+    workload = WORKLOADS[name]
+    torch.manual_seed(0)
+    plain = workload.build(True).train()
+    checkpointed = get_configs(["checkpoint"])[0].prepare(
+        copy.deepcopy(plain), workload)
+    on = ("is_activation_checkpointing" if hasattr(type(plain), "is_activation_checkpointing")
+          else "is_gradient_checkpointing")  # the name before transformers 5.24 (deprecated)
+    assert getattr(checkpointed, on)
+    inputs = workload.inputs(plain, 2, True, torch.device("cpu"))
+    plain_bytes, plain_out, plain_grads = _saved_bytes_and_grads(plain, inputs)
+    bytes_, out, grads = _saved_bytes_and_grads(checkpointed, inputs)
+    assert bytes_ < 0.8 * plain_bytes
+    assert not getattr(out, "past_key_values", None)
+    torch.testing.assert_close(out.loss, plain_out.loss)
+    for n, grad in plain_grads.items():
+        torch.testing.assert_close(grads[n], grad, msg=lambda m, n=n: f"{n}: {m}")
