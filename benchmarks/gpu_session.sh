@@ -51,6 +51,13 @@ unset TRITON_INTERPRET
 PYTHON=${PYTHON:-python}
 LOG="$OUT/session.txt"
 : > "$LOG"
+# backend="fxopt" is found through an entry point, which an uninstalled checkout (the GPU
+# machine's) lacks: declare it from pyproject.toml (nothing is written where it is found)
+SITE=$("$PYTHON" benchmarks/declare_entry_point.py "$KEEP/site") || exit 1
+if [ -n "$SITE" ]; then
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+    echo "declared fxopt's torch_dynamo_backends entry point in $SITE" | tee -a "$LOG"
+fi
 
 step() {  # step NAME LIMIT_SECONDS COMMAND...
     local name=$1 limit=$2
