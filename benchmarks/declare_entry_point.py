@@ -11,8 +11,7 @@ missing there); there every ``backend="fxopt"`` raised ``InvalidBackend``.
 When the entry point is not found, this writes ``FOLDER/fxopt-<version>.dist-info``
 (``METADATA`` and ``entry_points.txt``, read from ``pyproject.toml``) and prints FOLDER,
 to be put on ``PYTHONPATH``; when it is found (an installed fxopt), it writes and prints
-nothing. ``benchmarks/gpu_session.sh`` runs it first. Python 3.11 or later (``tomllib``;
-the GPU machines run 3.12).
+nothing. ``benchmarks/gpu_session.sh`` runs it first.
 """
 
 from __future__ import annotations
@@ -22,7 +21,10 @@ import importlib.metadata
 import shutil
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, the parser tomllib came from (pytest needs it)
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "torch_dynamo_backends"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 import torch
 from torch import fx
@@ -134,7 +134,7 @@ class HostSyncRecorder(TorchDispatchMode):
                 self._in_method = False
         return recorded
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> HostSyncRecorder:
         for name in _WRAPPED_METHODS:
             self._originals[name] = getattr(torch.Tensor, name)
             setattr(torch.Tensor, name, self._wrap(name))
