@@ -57,10 +57,10 @@ def write_metadata(folder: Path, pyproject: Path = REPO / "pyproject.toml") -> P
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="where to write the .dist-info folder")
-    args = parser.parse_args(argv)
+    folder = parser.parse_args(argv).folder.resolve()
     if not declared():
-        write_metadata(args.folder.resolve())
-        print(args.folder.resolve())
+        write_metadata(folder)
+        print(folder)
     return 0
 
 

@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from fxopt.analysis.measure import measure_saved_bytes
 from fxopt.bench import (
     WORKLOADS,
     Config,
@@ -92,17 +93,15 @@ def test_cuda_measurement_under_a_memory_fraction():
 
 
 def _saved_bytes_and_grads(model, inputs):
-    saved = []
-
-    def pack(tensor):
-        saved.append(tensor.untyped_storage().nbytes())
-        return tensor
-
+    """What one forward saves for backward (parameters left out), its output, and the
+    gradients of its backward."""
+    outputs = []
     torch.manual_seed(0)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = model(**inputs)
+    saved = measure_saved_bytes(lambda: outputs.append(model(**inputs)),
+                                exclude=list(model.parameters()))
+    (out,) = outputs
     out.loss.backward()
-    return sum(saved), out, {n: p.grad for n, p in model.named_parameters()}
+    return saved.bytes, out, {n: p.grad for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("name", ["gpt2-small", "bert-base", "llama-style"])
