@@ -5,7 +5,9 @@ identical copies, from the same RNG state, and compares outputs, then every grad
 (inputs, parameters) and the buffers a step mutates: shapes and dtypes first, then values
 with the tolerance of the dtype (:data:`TOLERANCES`). Non-tensor outputs must be equal;
 objects pytree does not open (a model's cache) are compared attribute by attribute. It
-returns the compilation records so a test can also assert that its pass fired.
+fails where fxopt compiled no graph at all (Dynamo ran the model eagerly: eager against
+eager proves nothing), and returns the compilation records so a test can also assert that
+its pass fired.
 """
 
 from __future__ import annotations
@@ -133,6 +135,10 @@ def assert_same_as_eager(model_or_fn: Any, args: Sequence[Any], options: Mapping
         if check_grads:
             _compare_grads(eager, compiled, eager_args, compiled_args, expected, actual,
                            seed + step, step, tolerances)
+    assert backend.graphs, (
+        "fxopt compiled no graph: torch.compile ran every step eagerly (Dynamo skipped the "
+        "frame, or hit its recompile limit; TORCH_LOGS=recompiles shows why), so the "
+        "comparison held eager against eager; call torch._dynamo.reset() between models")
     return Comparison(graphs=list(backend.graphs), eager_output=expected,
                       compiled_output=actual)
 

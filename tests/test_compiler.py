@@ -103,7 +103,10 @@ def test_autocast_bf16():
 
 
 def test_lstm_model():
-    assert_same_as_eager(LSTMModel(), (torch.randint(0, 23, (3, 5)),))
+    """Under ``allow_rnn``, which Dynamo needs to trace nn.LSTM at all."""
+    with torch._dynamo.config.patch(allow_rnn=True):
+        comparison = assert_same_as_eager(LSTMModel(), (torch.randint(0, 23, (3, 5)),))
+    assert len(comparison.graphs) == 1
 
 
 def test_plain_function_with_input_grads():
