@@ -31,7 +31,8 @@ forward and keeps them: three vocabulary-wide matmuls, as plain autograd runs. E
 backward: four matmuls, or one without a backward.
 
 Declined, with the reason in its verdicts: class weights, ``reduction='none'`` and
-the deprecated ``size_average``/``reduce``, arguments that are not constants, probability
+the deprecated ``size_average``/``reduce``, arguments that are not constants (and a
+logit scale Dynamo made a symbolic float because it changed between calls), probability
 targets, logits that are not (tokens, vocabulary) at the loss (class dim 1), logits that
 come from something other than a Linear or matmul (or reach the loss through another op;
 a second tanh, or a bias added after it; or a bias added to a Linear's own),
@@ -58,7 +59,14 @@ from fxopt import _compat
 from fxopt.kernels import fuse_linear_cross_entropy as _ops  # registers the ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
-from fxopt.passes.torch_calls import arg, constant_operand, example_tensor, is_call
+from fxopt.passes.torch_calls import (
+    arg,
+    constant_operand,
+    example_tensor,
+    is_call,
+    scalar_operand,
+    symbolic_float,
+)
 from fxopt.planner import forms
 from fxopt.planner.hardware import CPU_DEFAULT, HardwareProfile, profile_for
 
@@ -193,6 +201,9 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
         elif (scaled := _scaled(node)) is not None:
             source, factor = scaled
             scale *= factor
+        elif is_call(node, "mul", "truediv") and symbolic_float(scalar_operand(node)[0]):
+            raise _Decline("logits scaled by a number that changes between calls (a "
+                           "symbolic float; the op folds only constants)")
         elif is_call(node, "tanh") and len(node.args) == 1 and not node.kwargs:
             # P * tanh(A * z) == cap * tanh(z' / cap) with cap = P and z' = A * P * z: the
             # numbers after the tanh (so far) are the cap, all of them are folded into h

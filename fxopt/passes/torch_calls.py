@@ -7,7 +7,8 @@ operator (``a * b``), a tensor method (``x.sigmoid()``), or the C binding a func
 resolves to (``F.linear`` is recorded as ``torch._C._nn.linear``, named by
 :mod:`fxopt._compat`). :data:`CALLS` names each operation once with all its spellings and
 :func:`is_call` accepts any of them; :func:`arg` reads an argument by position or keyword,
-:func:`constant_operand` a binary op's number operand,
+:func:`constant_operand` a binary op's number operand (:func:`scalar_operand` also where
+Dynamo made that number a symbolic float),
 and :func:`example_value` / :func:`example_tensor` the fake value Dynamo recorded
 (``node.meta["example_value"]``). A pass that needs more (fuse_rnn refuses extra keyword
 arguments such as ``alpha=``) adds its rule on top.
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from fxopt import _compat
 
 __all__ = ["CALLS", "RNN_CALLS", "RnnCall", "arg", "constant_operand", "example_tensor",
-           "example_value", "is_call", "rnn_call"]
+           "example_value", "is_call", "rnn_call", "scalar_operand", "symbolic_float"]
 
 # operation -> (call_function targets, call_method names)
 CALLS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
@@ -103,6 +104,28 @@ def constant_operand(node: fx.Node) -> tuple[float | None, Any]:
         return float(a), b
     if isinstance(b, (int, float)) and not isinstance(b, bool):
         return float(b), a
+    return None, None
+
+
+def symbolic_float(value: Any) -> bool:
+    """Whether ``value`` is a graph value that holds a Python float: a float Dynamo made
+    symbolic because it changed between calls (``specialize_float=False``, torch's default:
+    a module's ``eps`` that differs between two models sharing one forward, a dropout rate
+    passed in on a schedule), read in the graph from a tensor's ``.item()``."""
+    return isinstance(example_value(value), torch.SymFloat)
+
+
+def scalar_operand(node: fx.Node) -> tuple[float | fx.Node | None, Any]:
+    """:func:`constant_operand`, or where the number is a :func:`symbolic_float`, that
+    graph value (the op then takes the node; at run time it is the float)."""
+    number, other = constant_operand(node)
+    if number is not None or len(node.args) != 2:
+        return number, other
+    a, b = node.args
+    if symbolic_float(b):
+        return b, a
+    if symbolic_float(a):
+        return a, b
     return None, None
 
 

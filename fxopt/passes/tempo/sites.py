@@ -4,6 +4,11 @@ Each matcher looks at one node and answers None (not its kind), a reason string 
 but left alone, e.g. an unsupported argument), or a :class:`Site`: the nodes it replaces,
 the node whose value the new op's first output stands for, where to insert the op, the op
 and its arguments, and the predicted bytes of saved activations it removes per step.
+
+A norm's ``eps`` may be a graph value rather than a number: Dynamo makes a Python float
+symbolic once it changes between calls of one forward (``specialize_float=False``, torch's
+default; a second model of the same class, a sweep in one process). The norms take it as it
+is; the attention site declines a symbolic dropout rate, with that reason.
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ from fxopt.analysis.shapes import nbytes, numel
 from fxopt.kernels.tempo.bitmask import packed_size
 from fxopt.kernels.tempo.norm import guard_capacity
 from fxopt.passes.tempo.graph import cast_by_savers, is_noop_cast, kept_by_neighbour, only_user
-from fxopt.passes.torch_calls import arg, constant_operand, example_tensor, is_call
+from fxopt.passes.torch_calls import (
+    arg,
+    constant_operand,
+    example_tensor,
+    is_call,
+    scalar_operand,
+    symbolic_float,
+)
 
 __all__ = ["Site", "MATCHERS"]
 
@@ -127,8 +139,8 @@ def match_layer_norm(node: fx.Node) -> Site | str | None:
     x, n = node.args[0], _normalized_numel(arg(node, 1, "normalized_shape"))
     weight, bias, eps = arg(node, 2, "weight"), arg(node, 3, "bias"), arg(node, 4, "eps", 1e-5)
     out = example_tensor(node)
-    if n is None or out is None or not isinstance(eps, float):
-        return "layer_norm with symbolic shape or eps"
+    if n is None or out is None or not (isinstance(eps, float) or symbolic_float(eps)):
+        return "layer_norm with symbolic shape"
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
     return _layer_norm_site([node], node, (x, n, weight, bias, eps), out.dtype,
@@ -177,7 +189,7 @@ def match_layer_norm_formula(node: fx.Node) -> Site | str | None:
     once to the output's dtype."""
     if not is_call(node, "rsqrt") or not is_call(node.args[0], "add"):
         return None
-    eps, variance = constant_operand(node.args[0])
+    eps, variance = scalar_operand(node.args[0])
     square = _mean_of_last_dim(variance)
     if eps is None or not is_call(square, "pow") or constant_operand(square)[0] != 2.0:
         return None
@@ -247,8 +259,11 @@ def match_rms_norm(node: fx.Node) -> Site | str | None:
         return "rms_norm with symbolic shape"
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
-    eps = torch.finfo(example_tensor(x).dtype).eps if eps is None else eps
-    return _rms_norm_site([node], node, (x, n, weight, float(eps), False), out.dtype,
+    if eps is None:
+        eps = torch.finfo(example_tensor(x).dtype).eps
+    elif not symbolic_float(eps):
+        eps = float(eps)
+    return _rms_norm_site([node], node, (x, n, weight, eps, False), out.dtype,
                           _norm_bytes(x, n, 0))
 
 
@@ -279,7 +294,7 @@ def match_rms_norm_formula(node: fx.Node) -> Site | str | None:
     ``x * rsqrt(...)`` is the same where ``x`` is already fp32."""
     if not is_call(node, "rsqrt") or not is_call(node.args[0], "add"):
         return None
-    eps, mean = constant_operand(node.args[0])
+    eps, mean = scalar_operand(node.args[0])
     if eps is None or not is_call(mean, "mean") or not is_call(mean.args[0], "pow"):
         return None
     square, h = mean.args[0], mean.args[0].args[0]
@@ -341,6 +356,8 @@ def match_attention(node: fx.Node) -> Site | str | None:
     matmul = only_user(node)
     if not is_call(matmul, "matmul") or matmul.args[0] is not node:
         return "dropout of softmax not consumed by one matmul"
+    if symbolic_float(p):
+        return "attention dropout rate that changes between calls (a symbolic float)"
     if not isinstance(p, float) or training is not True or inplace:
         return "attention dropout not in training mode, or in place"
     dim, scores, v = arg(softmax, 1, "dim"), softmax.args[0], matmul.args[1]

@@ -291,6 +291,30 @@ def test_declined_with_reason(reason):
     assert reason in declined
 
 
+class ScaledHead(Head):
+    """Cohere's LM head: the logits times the model's ``logit_scale``."""
+
+    def __init__(self, logit_scale):
+        super().__init__(lambda m, h, y: F.cross_entropy(
+            (m.head(h) * m.logit_scale).view(-1, V), y.view(-1)))
+        self.logit_scale = logit_scale
+
+
+def test_a_logit_scale_that_changed_between_calls_is_declined_with_its_reason():
+    """A second model of the same class with another scale: Dynamo passes the number as a
+    symbolic float (torch's ``specialize_float=False``), which the op cannot fold into h;
+    the loss is declined with that reason (it said "logits come from mul", as if the
+    head were not found)."""
+    torch.manual_seed(0)
+    inputs = (torch.randint(0, V, (3, 7)), _labels(ignored=False))
+    assert assert_same_as_eager(ScaledHead(0.0625), inputs, ON).fired(PASS)
+    comparison = assert_same_as_eager(ScaledHead(0.125), inputs, ON)
+    assert not comparison.fired(PASS)
+    assert [v.reasons() for v in _verdicts(comparison)] == [{
+        "logits scaled by a number that changes between calls (a symbolic float; the op "
+        "folds only constants)": 1}]
+
+
 def test_fp64_declined():
     torch.manual_seed(0)
     comparison = assert_same_as_eager(Head(_flat_ce()).double(),

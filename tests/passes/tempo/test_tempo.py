@@ -123,6 +123,34 @@ def test_each_site_kind_is_rewritten_and_matches_eager(middle, kind):
     assert stats["rewritten"] == {kind: 1} and stats["bytes_removed"][kind] > 0
 
 
+@pytest.mark.parametrize("middle, kind", [
+    pytest.param(nn.LayerNorm, "layer_norm", id="layer_norm"),
+    pytest.param(_FunctionalLayerNorm, "layer_norm", id="f_layer_norm"),
+    pytest.param(nn.RMSNorm, "rms_norm", id="rms_norm"),
+    pytest.param(_llama_rms_norm, "rms_norm", id="llama_rms_norm", marks=needs_transformers),
+    pytest.param(_cohere_layer_norm, "layer_norm", id="cohere_layer_norm",
+                 marks=needs_transformers),
+])
+def test_a_norm_whose_eps_changed_between_calls_is_rewritten(middle, kind):
+    """A forward compiled again with another ``eps`` (a second model of the same class, a
+    sweep in one process) gets it as a symbolic float read from a graph input: torch's
+    ``specialize_float=False``. The norm is still rewritten, with that value; before, the
+    formulas were skipped without a word and ``F.rms_norm`` failed the pass. (Under fx
+    code generation the op, whose ``eps`` is a float, specializes it: Dynamo compiles the
+    graph once more with the constant, also rewritten.)"""
+    torch.manual_seed(0)
+    for eps in (1e-5, 1e-3):
+        model = Sandwich(middle(37))
+        norm = model.middle
+        setattr(norm, "variance_epsilon" if hasattr(norm, "variance_epsilon") else "eps", eps)
+        comparison = assert_same_as_eager(model, (torch.randn(3, 5, 13),), TEMPO,
+                                          tolerances=TEMPO_TOLERANCES)
+        tempo = [r for r in comparison.passes if r.name == "tempo"]
+        assert tempo and all(r.verdicts.counts() == {kind: 1} for r in tempo)
+    assert any(isinstance(node.meta.get("example_value"), torch.SymFloat)  # the premise
+               for node in comparison.graphs[0].graphs["dynamo"].graph.nodes)
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_transformer_block_matches_eager(dropout):
     """The block's GELU feeds a dropout (whose output fc2 keeps), so it is left alone."""

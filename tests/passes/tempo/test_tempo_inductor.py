@@ -88,3 +88,32 @@ def test_fusible_form_matches_eager_and_keeps_tempos_cut(build, kind, keeps, sla
         compiled = torch.compile(model, backend=fxopt.backend(**TEMPO_INDUCTOR))
         saved = measure_saved_bytes(lambda: compiled(x), exclude=[*model.parameters(), x])
     assert keeps <= saved.bytes <= keeps + slack
+
+
+class _RmsNormFormula(nn.Module):
+    """Llama's RMSNorm as transformers writes it, eps an attribute."""
+
+    def __init__(self, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.rand(DIM) + 0.5), eps
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def test_a_formula_whose_eps_changed_between_calls_keeps_it_symbolic():
+    """The second model's eps reaches the graph as a symbolic float (torch's
+    ``specialize_float=False``); the fusible form computes with it as plain aten ops do,
+    so Inductor compiles the graph once, for every eps (tests/passes/tempo/test_tempo.py
+    has the custom-op form, which specializes it)."""
+    torch.manual_seed(0)
+    for eps in (1e-5, 1e-3):
+        comparison = assert_same_as_eager(Sandwich(_RmsNormFormula(eps)),
+                                          (torch.randn(3, 5, 13),), TEMPO_INDUCTOR,
+                                          tolerances=TEMPO_TOLERANCES)
+        (record,) = [r for r in comparison.passes if r.name == "tempo"]
+        assert record.verdicts.counts() == {"rms_norm": 1} and record.stats["form"] == "fusible"
+    (graph,) = comparison.graphs
+    assert any(isinstance(node.meta.get("example_value"), torch.SymFloat)
+               for node in graph.graphs["dynamo"].graph.nodes)
