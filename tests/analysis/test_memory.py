@@ -20,6 +20,7 @@ from fxopt.analysis import (
     estimate_joint_memory,
     estimate_step_memory,
     measure_peak_memory,
+    measure_saved_bytes,
     run_graph,
     run_step_graphs,
     size_hint,
@@ -73,18 +74,7 @@ def test_activation_bytes_match_what_eager_autograd_saves(name):
     model, x = _model(name)
     cap = capture(model, x)
     predicted = estimate_step_memory(cap.fw, cap.bw)
-    caller = {id(t.untyped_storage()) for t in _caller_tensors(model, x)}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if id(storage) not in caller:
-            saved[id(storage)] = storage  # kept alive, so ids stay distinct
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    eager_bytes = sum(s.nbytes() for s in saved.values())
+    eager_bytes = measure_saved_bytes(lambda: model(x), exclude=_caller_tensors(model, x)).bytes
     assert predicted.activation_bytes > 0
     assert predicted.activation_bytes == pytest.approx(eager_bytes, rel=TOLERANCE)
 
