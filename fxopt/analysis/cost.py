@@ -169,12 +169,29 @@ def return_aliases(node: fx.Node) -> list[Any]:
 def storage_root(node: fx.Node) -> fx.Node:
     """The node whose storage ``node``'s value lives in: ``node`` itself where its op returns
     a new tensor (or aliases more than one input), else the root of the one input it
-    aliases (a view, an in-place op, ``_unsafe_view``)."""
+    aliases (a view, an in-place op, ``_unsafe_view``, and an element of a view op's list
+    or tuple: ``getitem(split(x), i)``, as ``chunk`` and ``unbind`` trace, lives in x)."""
     while True:
-        sources = return_aliases(node)
-        if len(sources) != 1 or not isinstance(sources[0], fx.Node):
+        source = _element_source(node) if node.target is operator.getitem else None
+        if source is None:
+            sources = return_aliases(node)
+            source = sources[0] if len(sources) == 1 else None
+        if not isinstance(source, fx.Node):
             return node
-        node = sources[0]
+        node = source
+
+
+def _element_source(node: fx.Node) -> Any:
+    """The argument whose storage ``getitem(parent, i)`` shares: the one a list return
+    aliases (split's ``Tensor(a)[]``: every element), or the one return ``i`` aliases;
+    None where the element is a new tensor."""
+    parent, index = node.args[0], node.args[1]
+    if not isinstance(parent, fx.Node) or not isinstance(index, int):
+        return None
+    sources = return_aliases(parent)
+    if len(sources) == 1 and isinstance(parent.meta.get("val"), (list, tuple)):
+        return sources[0]
+    return sources[index] if len(sources) > 1 and index < len(sources) else None
 
 
 def node_cost(node: fx.Node) -> NodeCost:

@@ -1,5 +1,7 @@
 """Per-node costs: kinds and formulas on captured graphs, totals against FlopCounterMode."""
 
+import operator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -121,3 +123,25 @@ def test_missing_fake_value_raises():
     del node.meta["val"]
     with pytest.raises(ValueError, match="ensure_fake_values"):
         node_cost(node)
+
+
+def test_the_elements_of_a_split_live_in_its_input():
+    """``chunk`` and ``unbind`` trace to ``getitem`` of a list view: each element is a view
+    of the product it splits; a multi-output op's new tensors are their own storage."""
+    from fxopt.analysis.cost import storage_root
+
+    def fn(x, w):
+        gate, up = (x @ w).chunk(2, dim=-1)
+        first, _ = up.unbind(0)
+        mean = torch.var_mean(x, dim=-1)[1]
+        return gate.sin() * first + mean.unsqueeze(-1)
+
+    gm = make_fx(fn, tracing_mode="fake")(torch.empty(2, 3, 4), torch.empty(4, 6))
+    product = _node(gm, aten.bmm.default) if any(
+        n.target is aten.bmm.default for n in gm.graph.nodes) else _node(gm, aten.mm.default)
+    elements = [n for n in gm.graph.nodes if n.target is operator.getitem]
+    var_mean = _node(gm, aten.var_mean.correction)
+    roots = {n.name: storage_root(n).name for n in elements}
+    assert {storage_root(n) for n in elements if n.args[0] is not var_mean} == {
+        storage_root(product)}, roots
+    assert all(storage_root(n) is n for n in elements if n.args[0] is var_mean), roots
