@@ -32,7 +32,7 @@ __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "call_kernel", "copy_graph", "copy_graph_module",
     "decomposed_lstm_states_misshapen", "default_partition",
-    "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
+    "dynamo_frame_id", "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
     "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",
     "inductor_inference_passes", "inductor_partition", "inductor_triton_code_on_cpu",
@@ -453,6 +453,16 @@ def op_alias_sets(op: Any) -> tuple[list[tuple[str, frozenset[str], bool]],
 
 def is_symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def dynamo_frame_id() -> int | None:
+    """The Dynamo frame whose graph is being compiled now (``torch._guards.CompileId``'s
+    ``frame_id``: a recompilation of the same code, for new guards or shapes, keeps it;
+    the resume functions after a graph break get their own); None outside a compile."""
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    return None if compile_id is None else compile_id.frame_id
 
 
 def dynamo_reset() -> None:

@@ -150,6 +150,7 @@ class Backend:
         compiler = _GraphCompiler(resolved, f"g{next(_graph_ids)}", self._instruments,
                                   self._plain_baseline, self.budget_ledger)
         self.graphs.append(compiler.record)
+        self.budget_ledger.begin(_compat.dynamo_frame_id())
         entries = len(self.budget_ledger.shares)
         try:
             compiled = compiler.compile(gm, example_inputs)

@@ -61,6 +61,39 @@ def test_graphs_share_one_budget_and_the_model_keeps_within_it(fraction):
     assert measured <= fraction * plain, (measured, plain)
 
 
+class ConfiguredOnFirstCall(nn.Module):
+    """As transformers' classification losses do (``config.problem_type`` set at the first
+    call): an attribute the forward reads changes after the first step, so Dynamo compiles
+    the same frame again at the second."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mlp = BrokenMLP().first
+        self.problem_type = None
+
+    def forward(self, x):
+        if self.problem_type is None:
+            self.problem_type = "regression"
+        return self.mlp(x)
+
+
+def test_a_recompiled_graph_takes_its_earlier_compiles_share_not_a_second_one():
+    x = torch.randn(64, 48)
+    eager = ConfiguredOnFirstCall()
+    plain = _saved_bytes(eager, x, lambda: eager(x))
+    model = ConfiguredOnFirstCall()
+    backend = fxopt.backend(codegen="fx", memory_budget=0.3)
+    compiled = torch.compile(model, backend=backend)
+    compiled(x).sum().backward()  # the first step compiles the frame
+    measured = _saved_bytes(model, x, lambda: compiled(x))  # the second compiles it again
+    first, second = [next(r.stats for r in g.passes if r.name == "swap_recompute")
+                     for g in backend.graphs]
+    assert second["share_bytes"] == first["share_bytes"]
+    assert second["model_plain_saved_bytes"] == first["plain_saved_bytes"]
+    assert measured <= 0.3 * plain
+
+
 def test_what_an_earlier_graph_leaves_unused_is_the_next_graphs():
     ledger = BudgetLedger()
     assert ledger.share_for(HALF, 1000) == 500
