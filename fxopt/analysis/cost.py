@@ -172,8 +172,9 @@ def storage_root(node: fx.Node) -> fx.Node:
     aliases (a view, an in-place op, ``_unsafe_view``, and an element of a view op's list
     or tuple: ``getitem(split(x), i)``, as ``chunk`` and ``unbind`` trace, lives in x)."""
     while True:
-        source = _element_source(node) if node.target is operator.getitem else None
-        if source is None:
+        if node.target is operator.getitem:
+            source = _element_source(node)
+        else:
             sources = return_aliases(node)
             source = sources[0] if len(sources) == 1 else None
         if not isinstance(source, fx.Node):

@@ -118,14 +118,14 @@ class BudgetLedger:
     def record(self, graph: str, plain_bytes: int, share_bytes: int, kept_bytes: int,
                floor_bytes: int = 0) -> int:
         """Enter a planned graph (or replace the entry being planned again); its index."""
-        if self.replanning is not None:
-            frame = self.shares[self.replanning].frame
-            share = GraphShare(graph, plain_bytes, share_bytes, kept_bytes, floor_bytes, frame)
-            self.shares[self.replanning] = share
-            self.replan_shares.pop(self.replanning, None)
-            return self.replanning
-        self.shares.append(GraphShare(graph, plain_bytes, share_bytes, kept_bytes,
-                                      floor_bytes, self.frame))
+        replanned = self.replanning
+        frame = self.frame if replanned is None else self.shares[replanned].frame
+        share = GraphShare(graph, plain_bytes, share_bytes, kept_bytes, floor_bytes, frame)
+        if replanned is not None:
+            self.shares[replanned] = share
+            self.replan_shares.pop(replanned, None)
+            return replanned
+        self.shares.append(share)
         return len(self.shares) - 1
 
     def rebalance(self, budget: MemoryBudget, plain_bytes: int,

@@ -140,7 +140,7 @@ def match_layer_norm(node: fx.Node) -> Site | str | None:
     weight, bias, eps = arg(node, 2, "weight"), arg(node, 3, "bias"), arg(node, 4, "eps", 1e-5)
     out = example_tensor(node)
     if n is None or out is None or not (isinstance(eps, float) or symbolic_float(eps)):
-        return "layer_norm with symbolic shape"
+        return "layer_norm with symbolic shape or an eps that is not a float"
     if guard_capacity(n) * 4 > n:
         return "norm over fewer than 8 elements"
     return _layer_norm_site([node], node, (x, n, weight, bias, eps), out.dtype,
