@@ -34,7 +34,12 @@ classification losses set ``config.problem_type`` at the first call, so every su
 recompiles at its second step) runs in place of the earlier compile, never beside it: its
 entry takes the earlier one's place (:meth:`BudgetLedger.begin`). Before, it was added, so
 the recompiled graph's share was ``f`` of twice its plain bytes less what the first
-compile kept: ConvNeXt kept 0.330 of eager's bytes under ``memory_budget=0.3``.
+compile kept: ConvNeXt kept 0.330 of eager's bytes under ``memory_budget=0.3``. Only a
+compile that plans a backward replaces an entry (:meth:`BudgetLedger.replace_earlier_compile`):
+a validation pass under ``torch.no_grad`` compiles every frame again for inference, and
+those graphs, which keep nothing and never run in a training step, leave the training
+graphs' entries as they are (they used to clear them, so a training recompile after a
+validation pass was given a share that left the other graphs out).
 
 The ledger lives on one :class:`fxopt.Backend` (``torch.compile(model,
 backend=fxopt.backend(memory_budget=0.5))``); the string backend ``backend="fxopt"`` makes
@@ -74,7 +79,8 @@ class GraphShare:
     share_bytes: int
     kept_bytes: int
     floor_bytes: int = 0
-    frame: int | None = None  # Dynamo's frame (None: unknown, or superseded)
+    frame: int | None = None  # Dynamo's frame (None: unknown)
+    superseded: bool = False  # compiled again: zeroed, kept at its index for its graph
 
 
 @dataclass
@@ -95,15 +101,23 @@ class BudgetLedger:
     frame: int | None = None
 
     def begin(self, frame: int | None) -> None:
-        """A graph of Dynamo frame ``frame`` is about to be planned: an earlier compile of
-        the same frame no longer runs in the steps that run this one, so its entry stops
-        counting (kept at its index, zeroed, for the compiled graphs that refer to it)."""
+        """A graph of Dynamo frame ``frame`` is about to be compiled (for training, or for
+        inference, which plans nothing: the entries stay until
+        :meth:`replace_earlier_compile`)."""
         self.frame = frame
-        if frame is None:
+
+    def replace_earlier_compile(self) -> None:
+        """The graph begun is being planned for a training step: an earlier training
+        compile of the same frame no longer runs in the steps that run this one (Dynamo
+        runs the newest compile whose guards pass), so its entry stops counting: zeroed and
+        marked superseded, kept at its index for the compiled graph that refers to it.
+        Nothing to replace while an entry is planned again (:class:`Replannable`)."""
+        if self.frame is None or self.replanning is not None:
             return
         for i, entry in enumerate(self.shares):
-            if entry.frame == frame:
-                self.shares[i] = GraphShare(f"{entry.graph} (recompiled)", 0, 0, 0)
+            if entry.frame == self.frame and not entry.superseded:
+                self.shares[i] = GraphShare(entry.graph, 0, 0, 0, frame=entry.frame,
+                                            superseded=True)
                 self.replan_shares.pop(i, None)
 
     def share_for(self, budget: MemoryBudget, plain_bytes: int) -> int:
@@ -159,6 +173,11 @@ class BudgetLedger:
     def _promised(self, entry: int) -> int:
         """What an entry keeps, or its smaller share where it is to be planned again."""
         return self.replan_shares.get(entry, self.shares[entry].kept_bytes)
+
+    @property
+    def graphs(self) -> int:
+        """The graphs a training step runs: entries not superseded by a recompile."""
+        return sum(not s.superseded for s in self.shares)
 
     @property
     def plain_bytes(self) -> int:

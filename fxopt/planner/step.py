@@ -145,7 +145,9 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
                    strict: bool, replay: Plan | None, ledger: BudgetLedger | None,
                    share_bytes: int | None) -> Plan:
     fraction, saved = budget.fraction, problem.saved_bytes
-    shared = ledger is not None and bool(ledger.shares)  # graphs before this one
+    if ledger is not None:
+        ledger.replace_earlier_compile()
+    shared = ledger is not None and ledger.graphs > 0  # graphs before this one
     if share_bytes is not None:
         target = share_bytes
     elif ledger is not None:
@@ -176,7 +178,7 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
     if not decision.feasible and replay is None:
         within = (f"its share ({target} bytes) of memory_budget {fraction:g} of the model's "
                   f"plain saved bytes (this graph's: {decision.plain_bytes} bytes), what the "
-                  f"{len(ledger.shares)} graphs compiled before it left" if shared else
+                  f"{ledger.graphs} graphs compiled before it left" if shared else
                   f"memory_budget {fraction:g} of plain autograd's ({decision.plain_bytes} "
                   "bytes)")
         message = (f"fxopt: swap_recompute cannot keep {problem.graph}'s saved bytes within "
@@ -184,7 +186,7 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
                    f"{decision.floor_fraction:.3f} ({decision.floor_bytes} bytes)")
         if shared:  # the model's floor: what no re-planning of earlier graphs goes below
             floors = sum(s.floor_bytes for s in ledger.shares) + decision.floor_bytes
-            message += (f"; the floors of the model's {len(ledger.shares) + 1} graphs "
+            message += (f"; the floors of the model's {ledger.graphs + 1} graphs "
                         f"together are {floors / (ledger.plain_bytes + decision.plain_bytes):.3f}"
                         " of its plain saved bytes")
         base = decision.plain_bytes + (ledger.plain_bytes if shared else 0)
@@ -196,7 +198,7 @@ def _fraction_plan(problem: StepProblem, budget: MemoryBudget, hardware: Hardwar
     if ledger is not None:
         entry = ledger.record(problem.graph, decision.plain_bytes, target,
                               decision.kept_bytes, decision.floor_bytes)
-        plan.extra["model"] = {"graphs": len(ledger.shares), "plain_bytes": ledger.plain_bytes,
+        plan.extra["model"] = {"graphs": ledger.graphs, "plain_bytes": ledger.plain_bytes,
                                "kept_bytes": ledger.kept_bytes, "entry": entry,
                                "replan": [ledger.shares[i].graph
                                           for i in sorted(ledger.replan_shares)]}

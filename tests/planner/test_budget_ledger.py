@@ -152,3 +152,49 @@ def test_a_graph_whose_floor_misses_its_share_gets_room_from_earlier_graphs():
     assert ledger.rebalance(HALF, 1000, 1900) is None
     assert ledger.replan_shares == {0: 100, 1: 300}
     assert BudgetLedger().rebalance(HALF, 1000, 800) is None  # fxopt plan's: cannot replan
+
+
+class ConfiguredAfterABreak(nn.Module):
+    """:class:`BrokenMLP` whose second graph reads an attribute its first call sets (a
+    classification loss after a graph break): Dynamo compiles the second frame again at
+    the second training step, and not the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = BrokenMLP()
+        self.problem_type = None
+
+    def forward(self, x):
+        h = self.mlp.first(x)
+        if h.abs().sum() >= 0:  # always true; a tensor's truth value breaks the graph
+            h = h * 2
+        if self.problem_type is None:
+            self.problem_type = "regression"
+        return self.mlp.second(h)
+
+
+def test_an_evaluation_without_gradients_leaves_the_training_graphs_shares():
+    """A validation pass under ``torch.no_grad`` compiles every frame again for inference;
+    those graphs keep nothing for a backward and never run in a training step, so the
+    training graphs' entries stay, and a training recompile after it is held to the
+    same share as before (an eval's compile used to clear them: the recompile's share
+    left out the first graph)."""
+    x = torch.randn(64, 48)
+    eager = ConfiguredAfterABreak()
+    plain = _saved_bytes(eager, x, lambda: eager(x))
+    model = ConfiguredAfterABreak()
+    backend = fxopt.backend(codegen="fx", memory_budget=0.3)
+    compiled = torch.compile(model, backend=backend)
+    compiled(x).sum().backward()  # compiles both frames for training
+    trained = [(s.plain_bytes, s.kept_bytes) for s in backend.budget_ledger.shares]
+    with torch.no_grad():
+        compiled(x)  # compiles both frames again, for inference
+    assert [(s.plain_bytes, s.kept_bytes) for s in backend.budget_ledger.shares] == trained
+    measured = _saved_bytes(model, x, lambda: compiled(x))  # the second frame recompiles
+    shares = [next(r.stats for r in g.passes if r.name == "swap_recompute")
+              for g in backend.graphs if g.passes and any(r.name == "swap_recompute" and
+                                                          "share_bytes" in r.stats
+                                                          for r in g.passes)]
+    assert len(shares) == 3 and shares[2]["share_bytes"] == shares[1]["share_bytes"]
+    assert shares[2]["model_graphs"] == 2
+    assert measured <= 0.3 * plain, (measured, plain)
