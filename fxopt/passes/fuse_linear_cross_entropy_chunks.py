@@ -188,8 +188,12 @@ def _op(node: fx.Node) -> _Op | None:
     # its time is priced with all of them
     wanted = ((named["grad_h"], named["grad_weight"], named["grad_bias"])
               if "grad_h" in named else (True, True, True))
-    return _Op(node, form, kind, int(h.shape[0]), int(h.shape[1]), int(weight.shape[0]),
-               named["compute_dtype"], tuple(bool(w) for w in wanted), h.device)
+    # sized at the shapes' hints: a symbolic token count (dynamic=True, or a batch whose
+    # size changed) read as an int would guard on it, one recompile per batch shape
+    tokens, hidden, vocab = (_compat.size_hint(d, 1)
+                             for d in (h.shape[0], h.shape[1], weight.shape[0]))
+    return _Op(node, form, kind, tokens, hidden, vocab, named["compute_dtype"],
+               tuple(bool(w) for w in wanted), h.device)
 
 
 def _argument_names(node: fx.Node) -> list[str]:

@@ -229,3 +229,30 @@ def test_on_cuda_the_chosen_pieces_keep_the_measured_peak():
     default = fxopt.profile_memory(torch.compile(model(), backend="fxopt", options={
         **FUSED, "rewrite_limit": DEFAULT_PIECES}), inputs, steps=1).measured_peak_bytes
     assert chosen <= default + 2 * 2**20
+
+
+@pytest.mark.parametrize("pays", [True, False], ids=["sized", "declined"])
+def test_a_token_count_that_varies_compiles_once(pays, monkeypatch):
+    """Under ``dynamic=True`` (or once Dynamo marks a changed batch size dynamic) the ops'
+    token count is symbolic: the pass sizes them at its hint, and reading it as an int
+    guarded on it, one compile per batch shape until Dynamo's recompile limit ran the
+    model eagerly (a Llama's loss under memory_budget recompiled at each new length)."""
+    monkeypatch.setattr(chunks_pass, "larger_pieces_pay", lambda device: pays)
+    torch.manual_seed(0)
+    model, eager = Head(256, 16, wide=64), Head(256, 16, wide=64)
+    eager.load_state_dict(model.state_dict())
+    backend = fxopt.backend(**FUSED)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for tokens in (40, 23, 57):
+        inputs = _inputs(256, tokens)
+        for m, run in ((model, compiled), (eager, eager)):
+            m.zero_grad()
+            run(*inputs).backward()
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert len(backend.graphs) == 1
+    records = [r for r in backend.graphs[0].passes if r.name == PASS]
+    assert records and all(r.status == ("changed" if pays else "unchanged")
+                           or r.verdicts.declined for r in records)
+    assert any(r.name == "fuse_linear_cross_entropy" and r.fired
+               for r in backend.graphs[0].passes)
