@@ -160,8 +160,13 @@ class Backend:
                                                    entries))
             return compiled
         except Exception as exc:
-            if (not resolved.strict or _compat.is_dynamo_protocol_error(exc)
-                    or not _compat.dynamo_suppresses_errors()):
+            if _compat.is_dynamo_protocol_error(exc):
+                # Dynamo compiles the frame again (a float it had made symbolic is
+                # specialized: "Restarting analysis") or runs it eagerly: this compile made
+                # no graph, and its record would show one that never runs
+                self.graphs.remove(compiler.record)
+                raise
+            if not resolved.strict or not _compat.dynamo_suppresses_errors():
                 raise
             return _raise_when_run(compiler.record.name, exc)
 

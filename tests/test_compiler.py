@@ -57,6 +57,18 @@ def test_dynamic_shapes_compile_once_for_many_sizes():
     assert graph.memory["fxopt"].peak_bytes > 0
 
 
+def test_a_compile_dynamo_restarts_leaves_no_record():
+    """Under dynamic=True Dynamo makes a float argument symbolic; a layer_norm eps cannot
+    stay one, so Dynamo restarts the analysis from inside the backend with the float
+    specialized. The first compile made no graph: one record, of the graph that runs."""
+    backend = fxopt.backend(codegen="fx")
+    compiled = torch.compile(lambda x, eps: F.layer_norm(x, (8,), eps=eps).sum(),
+                             backend=backend, dynamic=True)
+    x = torch.randn(4, 8, requires_grad=True)
+    compiled(x, 1e-5).backward()
+    assert len(backend.graphs) == 1 and backend.graphs[0].graphs.get("forward") is not None
+
+
 def test_dynamic_shapes_against_eager():
     assert_same_as_eager(Block(), (torch.randn(2, 7, 32),), dynamic=True)
 
