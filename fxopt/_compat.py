@@ -32,14 +32,15 @@ __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "call_kernel", "copy_graph", "copy_graph_module",
     "decomposed_lstm_states_misshapen", "default_partition",
-    "dynamo_frame_id", "dynamo_ignoring_functions", "dynamo_reset", "dynamo_traces_rnn",
+    "dynamo_example_values", "dynamo_frame_id", "dynamo_ignoring_functions", "dynamo_reset",
+    "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
     "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",
     "inductor_inference_passes", "inductor_partition", "inductor_triton_code_on_cpu",
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
     "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "queue_backward_callback",
     "rng_wrapped_call",
-    "size_hint", "tree_flatten",
+    "size_hint", "tracing_again", "tree_flatten",
     "tree_leaves", "tree_map",
 ]
 
@@ -463,6 +464,26 @@ def dynamo_frame_id() -> int | None:
 
     compile_id = CompileContext.current_compile_id()
     return None if compile_id is None else compile_id.frame_id
+
+
+def dynamo_example_values(gm: fx.GraphModule) -> list[Any] | None:
+    """The values Dynamo traced a graph's inputs with (each placeholder's
+    ``meta["example_value"]``: fake tensors, with their size symbols under dynamic shapes,
+    and SymInts), or None where a placeholder has none. They hold no memory, unlike the
+    real example inputs Dynamo passes a backend (a loss graph's are a step's logits)."""
+    values = [p.meta.get("example_value") for p in gm.graph.find_nodes(op="placeholder")]
+    return None if any(v is None for v in values) else values
+
+
+def tracing_again(example_values: Sequence[Any]) -> Any:
+    """The context in which a Dynamo graph is compiled again after Dynamo's own compile of
+    it returned, on its :func:`dynamo_example_values`: a fresh tracing context with Dynamo's
+    fake mode, as Dynamo gave the first compile, so that AOTAutograd traces the same
+    symbols (on the call's real inputs it would specialize every size, and an int size
+    input would reach the joint graph as a placeholder with no value)."""
+    from torch._guards import TracingContext, tracing
+
+    return tracing(TracingContext(fake_mode_of(example_values)))
 
 
 def dynamo_reset() -> None:

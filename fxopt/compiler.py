@@ -173,14 +173,23 @@ class Backend:
     def _replanner(self, gm: fx.GraphModule, options: Options, index: int, entry: int
                    ) -> Callable[[list[Any]], Callable[..., Any]]:
         """Compile graph ``index`` again (its ledger ``entry`` planned within a smaller
-        share: :class:`~fxopt.planner.ledger.Replannable`) on a call's inputs."""
+        share: :class:`~fxopt.planner.ledger.Replannable`) on the values Dynamo traced it
+        with, in a tracing context like Dynamo's, so a graph of symbolic sizes stays
+        symbolic (``dynamic=True``: on the call's inputs the size symbols became the call's
+        ints, and the recompile failed); a graph Dynamo did not trace, on the call's inputs."""
+        traced = _compat.dynamo_example_values(gm)
+
         def recompile(inputs: list[Any]) -> Callable[..., Any]:
             name = self.graphs[index].name
             compiler = _GraphCompiler(options, name, self._instruments, self._plain_baseline,
                                       self.budget_ledger)
             self.budget_ledger.replanning = entry
             try:
-                compiled = compiler.compile(gm, inputs)
+                if traced is None:
+                    compiled = compiler.compile(gm, inputs)
+                else:
+                    with _compat.tracing_again(traced):
+                        compiled = compiler.compile(gm, traced)
             finally:
                 self.budget_ledger.replanning = None
             self.graphs[index] = compiler.record

@@ -169,3 +169,28 @@ def test_under_inductor_the_body_is_planned_again_and_the_loss_graph_falls_back(
     assert head["inductor"]["partition"] == "fxopt plan, default partitioner"
     assert saved <= 0.5 * eager
     assert saved == body["inductor"]["saved_bytes_after"] + head["inductor"]["saved_bytes_after"]
+
+
+@pytest.mark.parametrize("codegen", ["fx", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_under_dynamic_shapes_the_body_is_planned_again_on_its_symbolic_sizes(codegen):
+    """``dynamic=True``: the body planned again at its next call traces Dynamo's fake
+    values, its batch size still a symbol, and then serves every batch size; on the call's
+    inputs the size symbol became an int and the recompile failed (strict raised a
+    PassFailure in the second training step)."""
+    model = HeadThenLoss()
+    backend = fxopt.backend(codegen=codegen, memory_budget=0.5, strict=True)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for step, batch in enumerate((8, 5, 11)):
+        data = torch.Generator().manual_seed(batch)
+        x = torch.randn(batch, 32, WIDTH, generator=data)
+        labels = torch.randint(0, VOCAB, (batch, 32), generator=data)
+        eager_loss, eager_grads, eager = _step(model, model, x, labels)
+        loss, grads, saved = _step(model, compiled, x, labels)
+        torch.testing.assert_close(loss, eager_loss)
+        for got, want in zip(grads, eager_grads, strict=True):
+            torch.testing.assert_close(got, want)
+        if step:  # the budget holds from the step after the loss graph's compile
+            assert saved <= 0.5 * eager, (batch, saved, eager)
+    assert len(backend.graphs) == 2  # one compile per graph: no size was specialized
+    body = _stats(backend)[0]
+    assert body["share_bytes"] < 0.5 * body["plain_saved_bytes"]  # planned again, with less
