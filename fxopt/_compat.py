@@ -32,8 +32,8 @@ __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "call_kernel", "copy_graph", "copy_graph_module",
     "decomposed_lstm_states_misshapen", "default_partition",
-    "dynamo_example_values", "dynamo_frame_id", "dynamo_ignoring_functions", "dynamo_reset",
-    "dynamo_traces_rnn",
+    "dynamo_example_values", "dynamo_frame_id", "dynamo_ignoring_functions",
+    "dynamo_input_sources", "dynamo_reset", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
     "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",
     "inductor_inference_passes", "inductor_partition", "inductor_triton_code_on_cpu",
@@ -473,6 +473,18 @@ def dynamo_example_values(gm: fx.GraphModule) -> list[Any] | None:
     real example inputs Dynamo passes a backend (a loss graph's are a step's logits)."""
     values = [p.meta.get("example_value") for p in gm.graph.find_nodes(op="placeholder")]
     return None if any(v is None for v in values) else values
+
+
+def dynamo_input_sources(gm: fx.GraphModule) -> list[str | None]:
+    """Per placeholder of a Dynamo graph, the user's value it stands for as Dynamo names it
+    (``L['kwargs']['input_ids'].size()[1]`` for a size symbol), or None where unknown.
+    torch 2.13's ``Source.name`` is a property, earlier releases' a method."""
+    names: list[str | None] = []
+    for placeholder in gm.graph.find_nodes(op="placeholder"):
+        source = getattr(placeholder.meta.get("grapharg"), "source", None)
+        name = getattr(source, "name", None)
+        names.append((name() if callable(name) else name) if name is not None else None)
+    return names
 
 
 def tracing_again(example_values: Sequence[Any]) -> Any:

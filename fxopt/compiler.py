@@ -48,8 +48,11 @@ from fxopt.pipeline import (
     removed_saved_bytes,
     run_stage,
 )
+from fxopt.planner.hardware import profile_for
 from fxopt.planner.ledger import BudgetLedger, Replannable
 from fxopt.planner.plan import load_plans
+from fxopt.planner.size_watch import SizeWatch, traced_sizes
+from fxopt.planner.symbolic import symbolic_step
 
 __all__ = ["Backend", "GraphRecord", "StrictCompileError", "backend", "fxopt_backend"]
 
@@ -158,7 +161,7 @@ class Backend:
                 return Replannable(compiled, self.budget_ledger, entries,
                                    self._replanner(gm, resolved, len(self.graphs) - 1,
                                                    entries))
-            return compiled
+            return _watched(compiled, compiler, resolved, gm, example_inputs)
         except Exception as exc:
             if _compat.is_dynamo_protocol_error(exc):
                 # Dynamo compiles the frame again (a float it had made symbolic is
@@ -195,6 +198,25 @@ class Backend:
             self.graphs[index] = compiler.record
             return compiled
         return recompile
+
+
+def _watched(compiled: Callable[..., Any], compiler: _GraphCompiler, options: Options,
+             gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """A graph of symbolic sizes planned under a byte budget, wrapped to warn where a larger
+    call's predicted peak passes it (:class:`~fxopt.planner.size_watch.SizeWatch`); any
+    other graph as compiled."""
+    budget = options.memory_budget
+    if budget is None or budget.bytes is None or compiler.num_fwd_outputs is None:
+        return compiled
+    planned = next((r.stats["peak_after"] for r in compiler.record.pass_records(
+        "swap_recompute") if r.stats.get("peak_after") is not None), None)
+    joint = compiler.record.graphs.get("joint")
+    sizes = traced_sizes(gm, example_inputs)
+    if planned is None or joint is None or not sizes:
+        return compiled
+    num_fwd_outputs, hardware = compiler.num_fwd_outputs, profile_for(compiler.device)
+    return SizeWatch(compiled, compiler.record.name, budget.bytes, sizes, planned,
+                     lambda: symbolic_step(joint, num_fwd_outputs, hardware))
 
 
 def backend(**options: Any) -> Backend:
@@ -260,6 +282,7 @@ class _GraphCompiler:
         self.device = torch.device("cpu")
         self.codegen = FX  # resolved for the graph's device in compile()
         self._partitioned_backward: fx.GraphModule | None = None
+        self.num_fwd_outputs: int | None = None  # the joint graph's, once partitioned
         self._activation_inputs: tuple[tuple[int, ...], int] = ((), 0)
         # the Dynamo graph's outputs: Inductor keeps their strides
         self._model_outputs: int | None = None
@@ -324,6 +347,7 @@ class _GraphCompiler:
         def estimate(gm: fx.GraphModule) -> MemoryEstimate:
             return estimate_joint_memory(gm, num_fwd_outputs)
 
+        self.num_fwd_outputs = num_fwd_outputs
         self.record.memory.setdefault("autograd", _report_only(estimate, joint))
         removed = removed_saved_bytes(self.record.passes)
         ctx = self._context(Stage.JOINT, GraphKind.JOINT, (), estimate,
