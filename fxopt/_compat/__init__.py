@@ -1,4 +1,5 @@
-"""The one adapter between fxopt and torch's private APIs.
+"""The one adapter between fxopt and torch's private APIs (this package: Dynamo's side in
+:mod:`fxopt._compat.dynamo`, re-exported here).
 
 fxopt needs a few things torch does not expose publicly: AOTAutograd's entry for backends,
 its partitioners, Inductor's per-graph compiler and decomposition table (and its Triton
@@ -28,12 +29,27 @@ from torch.fx.graph import CodeGen
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
+from fxopt._compat.dynamo import (
+    dynamo_allow_rnn,
+    dynamo_example_values,
+    dynamo_frame_id,
+    dynamo_ignoring_functions,
+    dynamo_input_sources,
+    dynamo_reset,
+    dynamo_suppresses_errors,
+    dynamo_traces_rnn,
+    fake_mode_of,
+    graph_break_counts,
+    is_dynamo_protocol_error,
+    tracing_again,
+)
+
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "call_kernel", "copy_graph", "copy_graph_module",
-    "decomposed_lstm_states_misshapen", "default_partition",
+    "decomposed_lstm_states_misshapen", "default_partition", "dynamo_allow_rnn",
     "dynamo_example_values", "dynamo_frame_id", "dynamo_ignoring_functions",
-    "dynamo_input_sources", "dynamo_reset", "dynamo_traces_rnn",
+    "dynamo_input_sources", "dynamo_reset", "dynamo_suppresses_errors", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
     "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",
     "inductor_inference_passes", "inductor_partition", "inductor_triton_code_on_cpu",
@@ -351,34 +367,10 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     return new
 
 
-def is_dynamo_protocol_error(exc: BaseException) -> bool:
-    """Dynamo raises some exceptions through a backend on purpose (restart the analysis,
-    skip the frame, unsupported construct); they are its to handle, never a reason for
-    fxopt to fall back."""
-    from torch._dynamo.exc import TorchDynamoException
-
-    return isinstance(exc, TorchDynamoException)
-
-
-def graph_break_counts() -> dict[str, int]:
-    """Dynamo's graph-break reasons seen so far in this process, with counts."""
-    from torch._dynamo.utils import counters
-
-    return dict(counters["graph_break"])
-
-
 def softmax_backward(grad: torch.Tensor, output: torch.Tensor, dim: int,
                      input_dtype: torch.dtype) -> torch.Tensor:
     """ATen's fused softmax backward from softmax's output (``_softmax_backward_data``)."""
     return torch.ops.aten._softmax_backward_data(grad, output, dim, input_dtype)
-
-
-def dynamo_suppresses_errors() -> bool:
-    """Whether Dynamo swallows a backend's compile error and runs the frame eagerly
-    (``torch._dynamo.config.suppress_errors``, which some users and libraries set)."""
-    import torch._dynamo.config as dynamo_config
-
-    return bool(dynamo_config.suppress_errors)
 
 
 @functools.cache
@@ -401,21 +393,6 @@ def decomposed_lstm_states_misshapen() -> bool:
     with torch.no_grad():
         _, (h_n, _) = one_layer(torch.zeros(1, batch, 1), states, params, False)
     return h_n.dim() != 2
-
-
-def dynamo_traces_rnn() -> bool:
-    """Whether Dynamo traces ``nn.RNN``/``nn.LSTM``/``nn.GRU`` into its graph
-    (``torch._dynamo.config.allow_rnn``); otherwise it breaks the graph at them."""
-    import torch._dynamo.config as dynamo_config
-
-    return bool(dynamo_config.allow_rnn)
-
-
-def fake_mode_of(values: Sequence[Any]) -> Any:
-    """The FakeTensorMode that made these values (None if none is fake)."""
-    from torch._guards import detect_fake_mode
-
-    return detect_fake_mode(list(values))
 
 
 def size_hint(size: Any, fallback: int) -> int:
@@ -454,74 +431,6 @@ def op_alias_sets(op: Any) -> tuple[list[tuple[str, frozenset[str], bool]],
 
 def is_symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
-
-
-def dynamo_frame_id() -> int | None:
-    """The Dynamo frame whose graph is being compiled now (``torch._guards.CompileId``'s
-    ``frame_id``: a recompilation of the same code, for new guards or shapes, keeps it;
-    the resume functions after a graph break get their own); None outside a compile."""
-    from torch._guards import CompileContext
-
-    compile_id = CompileContext.current_compile_id()
-    return None if compile_id is None else compile_id.frame_id
-
-
-def dynamo_example_values(gm: fx.GraphModule) -> list[Any] | None:
-    """The values Dynamo traced a graph's inputs with (each placeholder's
-    ``meta["example_value"]``: fake tensors, with their size symbols under dynamic shapes,
-    and SymInts), or None where a placeholder has none. They hold no memory, unlike the
-    real example inputs Dynamo passes a backend (a loss graph's are a step's logits)."""
-    values = [p.meta.get("example_value") for p in gm.graph.find_nodes(op="placeholder")]
-    return None if any(v is None for v in values) else values
-
-
-def dynamo_input_sources(gm: fx.GraphModule) -> list[str | None]:
-    """Per placeholder of a Dynamo graph, the user's value it stands for as Dynamo names it
-    (``L['kwargs']['input_ids'].size()[1]`` for a size symbol), or None where unknown.
-    torch 2.13's ``Source.name`` is a property, earlier releases' a method."""
-    names: list[str | None] = []
-    for placeholder in gm.graph.find_nodes(op="placeholder"):
-        source = getattr(placeholder.meta.get("grapharg"), "source", None)
-        name = getattr(source, "name", None)
-        names.append((name() if callable(name) else name) if name is not None else None)
-    return names
-
-
-def tracing_again(example_values: Sequence[Any]) -> Any:
-    """The context in which a Dynamo graph is compiled again after Dynamo's own compile of
-    it returned, on its :func:`dynamo_example_values`: a fresh tracing context with Dynamo's
-    fake mode, as Dynamo gave the first compile, so that AOTAutograd traces the same
-    symbols (on the call's real inputs it would specialize every size, and an int size
-    input would reach the joint graph as a placeholder with no value)."""
-    from torch._guards import TracingContext, tracing
-
-    return tracing(TracingContext(fake_mode_of(example_values)))
-
-
-def dynamo_reset() -> None:
-    """Forget every compiled frame and Dynamo's caches (between two benchmark
-    configurations)."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
-
-
-def dynamo_ignoring_functions(functions: set[Callable[..., Any]]) -> Any:
-    """A context (and decorator) in which Dynamo treats ``functions`` (logging calls) as
-    no-ops instead of breaking the graph at them, beside those already ignored. The option
-    is ``ignore_logging_functions`` (torch 2.11's name), ``ignore_logger_methods`` before."""
-    import torch._dynamo.config as dynamo_config
-
-    name = "ignore_logging_functions" if hasattr(dynamo_config, "ignore_logging_functions") \
-        else "ignore_logger_methods"
-    return dynamo_config.patch(name, set(getattr(dynamo_config, name)) | set(functions))
-
-
-def dynamo_allow_rnn() -> Any:
-    """A context in which Dynamo traces ``nn.LSTM``/``nn.GRU`` (for fuse_rnn)."""
-    import torch._dynamo
-
-    return torch._dynamo.config.patch(allow_rnn=True)
 
 
 def autograd_dispatch_restored() -> Any:
