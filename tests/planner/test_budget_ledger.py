@@ -78,17 +78,30 @@ class ConfiguredOnFirstCall(nn.Module):
         return self.mlp(x)
 
 
-def test_a_recompiled_graph_takes_its_earlier_compiles_share_not_a_second_one():
-    x = torch.randn(64, 48)
-    eager = ConfiguredOnFirstCall()
+def _compiled_at_three_tenths(module_class, x):
+    """Eager's saved bytes for ``x``, then a fresh ``module_class`` compiled under
+    ``memory_budget=0.3`` (fx) after one training step: (plain, model, backend,
+    compiled)."""
+    eager = module_class()
     plain = _saved_bytes(eager, x, lambda: eager(x))
-    model = ConfiguredOnFirstCall()
+    model = module_class()
     backend = fxopt.backend(codegen="fx", memory_budget=0.3)
     compiled = torch.compile(model, backend=backend)
-    compiled(x).sum().backward()  # the first step compiles the frame
+    compiled(x).sum().backward()
+    return plain, model, backend, compiled
+
+
+def _shares(backend):
+    """The swap_recompute stats of each graph planned within a share of the budget."""
+    return [r.stats for g in backend.graphs for r in g.pass_records("swap_recompute")
+            if "share_bytes" in r.stats]
+
+
+def test_a_recompiled_graph_takes_its_earlier_compiles_share_not_a_second_one():
+    x = torch.randn(64, 48)
+    plain, model, backend, compiled = _compiled_at_three_tenths(ConfiguredOnFirstCall, x)
     measured = _saved_bytes(model, x, lambda: compiled(x))  # the second compiles it again
-    first, second = [next(r.stats for r in g.passes if r.name == "swap_recompute")
-                     for g in backend.graphs]
+    first, second = _shares(backend)
     assert second["share_bytes"] == first["share_bytes"]
     assert second["model_plain_saved_bytes"] == first["plain_saved_bytes"]
     assert measured <= 0.3 * plain
@@ -179,22 +192,13 @@ def test_an_evaluation_without_gradients_leaves_the_training_graphs_shares():
     training graphs' entries stay, and a training recompile after it is held to the
     same share as before (an eval's compile used to clear them: the recompile's share
     left out the first graph)."""
-    x = torch.randn(64, 48)
-    eager = ConfiguredAfterABreak()
-    plain = _saved_bytes(eager, x, lambda: eager(x))
-    model = ConfiguredAfterABreak()
-    backend = fxopt.backend(codegen="fx", memory_budget=0.3)
-    compiled = torch.compile(model, backend=backend)
-    compiled(x).sum().backward()  # compiles both frames for training
+    x = torch.randn(64, 48)  # the first step compiles both frames for training
+    plain, model, backend, compiled = _compiled_at_three_tenths(ConfiguredAfterABreak, x)
     trained = [(s.plain_bytes, s.kept_bytes) for s in backend.budget_ledger.shares]
     with torch.no_grad():
         compiled(x)  # compiles both frames again, for inference
     assert [(s.plain_bytes, s.kept_bytes) for s in backend.budget_ledger.shares] == trained
     measured = _saved_bytes(model, x, lambda: compiled(x))  # the second frame recompiles
-    shares = [next(r.stats for r in g.passes if r.name == "swap_recompute")
-              for g in backend.graphs if g.passes and any(r.name == "swap_recompute" and
-                                                          "share_bytes" in r.stats
-                                                          for r in g.passes)]
-    assert len(shares) == 3 and shares[2]["share_bytes"] == shares[1]["share_bytes"]
-    assert shares[2]["model_graphs"] == 2
+    _, before, after = _shares(backend)
+    assert after["share_bytes"] == before["share_bytes"] and after["model_graphs"] == 2
     assert measured <= 0.3 * plain, (measured, plain)
