@@ -40,6 +40,7 @@ from fxopt.codegen import FX, Codegen, graph_device, resolve_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.passes.base import ACTIVATION_INPUTS, REMOVED_SAVED_BYTES, activation_inputs
+from fxopt.passes.torch_calls import example_value
 from fxopt.pipeline import (
     Instrument,
     PassFailure,
@@ -180,7 +181,12 @@ class Backend:
         with, in a tracing context like Dynamo's, so a graph of symbolic sizes stays
         symbolic (``dynamic=True``: on the call's inputs the size symbols became the call's
         ints, and the recompile failed); a graph Dynamo did not trace, on the call's inputs."""
-        traced = _compat.dynamo_example_values(gm)
+        # what Dynamo traced each input with: fake tensors (with their size symbols) and
+        # SymInts, which hold no memory, unlike a step's real inputs (a loss graph's logits)
+        traced: list[Any] | None = [example_value(p)
+                                    for p in gm.graph.find_nodes(op="placeholder")]
+        if any(value is None for value in traced):
+            traced = None
 
         def recompile(inputs: list[Any]) -> Callable[..., Any]:
             name = self.graphs[index].name

@@ -31,7 +31,6 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
 from fxopt._compat.dynamo import (
     dynamo_allow_rnn,
-    dynamo_example_values,
     dynamo_frame_id,
     dynamo_ignoring_functions,
     dynamo_input_sources,
@@ -48,7 +47,7 @@ __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
     "boxed_fx_callable", "call_kernel", "copy_graph", "copy_graph_module",
     "decomposed_lstm_states_misshapen", "default_partition", "dynamo_allow_rnn",
-    "dynamo_example_values", "dynamo_frame_id", "dynamo_ignoring_functions",
+    "dynamo_frame_id", "dynamo_ignoring_functions",
     "dynamo_input_sources", "dynamo_reset", "dynamo_suppresses_errors", "dynamo_traces_rnn",
     "fake_mode_of", "graph_break_counts", "inductor_backend", "inductor_compile",
     "inductor_decompositions", "inductor_generates_triton", "inductor_graph_context",

@@ -13,8 +13,8 @@ from typing import Any
 import torch.fx as fx
 
 __all__ = [
-    "dynamo_allow_rnn", "dynamo_example_values", "dynamo_frame_id",
-    "dynamo_ignoring_functions", "dynamo_input_sources", "dynamo_reset",
+    "dynamo_allow_rnn", "dynamo_frame_id", "dynamo_ignoring_functions",
+    "dynamo_input_sources", "dynamo_reset",
     "dynamo_suppresses_errors", "dynamo_traces_rnn", "fake_mode_of", "graph_break_counts",
     "is_dynamo_protocol_error", "tracing_again",
 ]
@@ -69,15 +69,6 @@ def dynamo_frame_id() -> int | None:
     return None if compile_id is None else compile_id.frame_id
 
 
-def dynamo_example_values(gm: fx.GraphModule) -> list[Any] | None:
-    """The values Dynamo traced a graph's inputs with (each placeholder's
-    ``meta["example_value"]``: fake tensors, with their size symbols under dynamic shapes,
-    and SymInts), or None where a placeholder has none. They hold no memory, unlike the
-    real example inputs Dynamo passes a backend (a loss graph's are a step's logits)."""
-    values = [p.meta.get("example_value") for p in gm.graph.find_nodes(op="placeholder")]
-    return None if any(v is None for v in values) else values
-
-
 def dynamo_input_sources(gm: fx.GraphModule) -> list[str | None]:
     """Per placeholder of a Dynamo graph, the user's value it stands for as Dynamo names it
     (``L['kwargs']['input_ids'].size()[1]`` for a size symbol), or None where unknown.
@@ -92,7 +83,8 @@ def dynamo_input_sources(gm: fx.GraphModule) -> list[str | None]:
 
 def tracing_again(example_values: Sequence[Any]) -> Any:
     """The context in which a Dynamo graph is compiled again after Dynamo's own compile of
-    it returned, on its :func:`dynamo_example_values`: a fresh tracing context with Dynamo's
+    it returned, on the values Dynamo traced its inputs with (each placeholder's
+    ``example_value``): a fresh tracing context with Dynamo's
     fake mode, as Dynamo gave the first compile, so that AOTAutograd traces the same
     symbols (on the call's real inputs it would specialize every size, and an int size
     input would reach the joint graph as a placeholder with no value)."""

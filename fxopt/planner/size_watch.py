@@ -70,6 +70,7 @@ class SizeWatch:
         self.planned_peak_bytes = planned_peak_bytes
         self._model = model
         self._built: SymbolicStep | None = None
+        self._traced_peak = 1.0  # the symbolic model's peak at the traced sizes, once built
         self._fitting: set[tuple[int, ...]] = set()  # larger sizes predicted within
 
     def __call__(self, *args: Any) -> Any:
@@ -85,11 +86,11 @@ class SizeWatch:
         """The plan's predicted peak at these sizes (one per watched argument)."""
         if self._built is None:
             self._built = self._model()
+            self._traced_peak = max(float(self._built.peak_bytes()[0]), 1.0)
         symbols = {symbol: v for (_, symbol, _), v in zip(self.sizes.values(), values,
                                                           strict=True)
                    if symbol in self._built.symbols and isinstance(v, int)}
-        scale = float(self._built.peak_bytes(**symbols)[0]) / max(
-            float(self._built.peak_bytes()[0]), 1.0)
+        scale = float(self._built.peak_bytes(**symbols)[0]) / self._traced_peak
         return int(self.planned_peak_bytes * scale)
 
     def _check(self, values: tuple[int, ...]) -> None:
