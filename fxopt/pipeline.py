@@ -27,6 +27,11 @@ from fxopt.analysis.shapes import ensure_fake_values
 from fxopt.config import OptionError
 from fxopt.passes import PassContext, PassSpec, RewriteCounter, Stage, passes_for
 from fxopt.passes.base import REMOVED_SAVED_BYTES, Verdicts
+from fxopt.passes.fuse_linear_cross_entropy_returned import (
+    ReturnedLogits,
+    WithReturnedLogits,
+    split_returned_logits,
+)
 
 if TYPE_CHECKING:
     from fxopt.analysis.memory import MemoryEstimate
@@ -97,14 +102,21 @@ def capture_step(gm: fx.GraphModule, example_inputs: Sequence[Any], ctx: PassCon
     """The one capture of a training step, shared by compilation, ``fxopt plan``'s capture
     and explain's plain baseline, so a new pre-autograd pass reaches all three with no
     edit: Dynamo's graph through the PRE_AUTOGRAD passes (:func:`run_stage`; ``records``
-    None: none run, plain autograd), ``traced(gm)`` with the graph they leave, then
-    AOTAutograd with compilation's flags for ``ctx.codegen``
+    None: none run, plain autograd) and the split of the logits they left only for the
+    graph's output (:func:`split_returned_logits`, which adds outputs: the callable
+    returned is wrapped to give the caller the graph's own), ``traced(gm)`` with the graph
+    they leave, then AOTAutograd with compilation's flags for ``ctx.codegen``
     (:meth:`fxopt.codegen.Codegen.trace`; ``aot``: its partition and compilers)."""
+    returned: list[ReturnedLogits] = []
+    outputs = None
     if records is not None:
         gm = run_stage(Stage.PRE_AUTOGRAD, gm, ctx, records, instruments)
+        outputs = _interface(gm)[1]
+        gm, returned = split_returned_logits(gm)
     if traced is not None:
         traced(gm)
-    return ctx.codegen.trace(gm, example_inputs, **aot)
+    compiled = ctx.codegen.trace(gm, example_inputs, **aot)
+    return WithReturnedLogits(compiled, returned, outputs) if returned else compiled
 
 
 def removed_saved_bytes(records: list[PassRecord]) -> int:

@@ -40,7 +40,8 @@ def test_a_compiled_step_makes_no_logits_and_the_fused_loss_takes_the_whole_head
                                    kwargs={"labels": ids})
     assert dropped.eager_output.logits is None and kept.eager_output.logits is not None
     assert _pass_kinds(kept) == ["linear, logits recomputed in the backward "
-                                 "(its logits still made for another user)"]
+                                 "(its logits still made for the graph's output; their "
+                                 "gradient only for a caller that uses them)"]
     assert _pass_kinds(dropped) == ["linear, logits recomputed in the backward"]
     outputs = [n for n in dropped.graphs[0].graphs["dynamo"].graph.nodes if n.op == "output"]
     values = [a.meta.get("example_value") for a in outputs[0].args[0]]  # Dynamo's fakes

@@ -39,7 +39,10 @@ a second tanh, or a bias added after it; or a bias added to a Linear's own),
 a cast to another dtype than fp32 on the way, and fp64 (the op's reductions run in fp32).
 
 Verdicts: matched per product and form (``linear`` / ``matmul``, then :data:`FORMS`'s
-words; "(its logits still made for another user)" where the Linear stays), with the
+words; "(its logits still made for another user)" where the Linear stays for another node,
+"(its logits still made for the graph's output; ...)" where it stays only for the graph's
+output, whose gradient then comes from the caller alone:
+:mod:`fxopt.passes.fuse_linear_cross_entropy_returned`), with the
 plain saved bytes each removes (the log-probabilities, a lower bound of what eager keeps;
 also ``stats[REMOVED_SAVED_BYTES]``); declined per loss, with the reason. Default: on under
 ``memory_budget`` (or a replayed ``plan``), and under its own flag. The ops' pieces are
@@ -48,7 +51,6 @@ sized after the partition, by :mod:`fxopt.passes.fuse_linear_cross_entropy_chunk
 
 from __future__ import annotations
 
-import builtins
 import operator
 from typing import Any, NamedTuple
 
@@ -59,6 +61,7 @@ from fxopt import _compat
 from fxopt.kernels import fuse_linear_cross_entropy as _ops  # registers the ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
+from fxopt.passes.fuse_linear_cross_entropy_returned import RETURNED, returned_only, weight_of
 from fxopt.passes.torch_calls import (
     arg,
     constant_operand,
@@ -78,10 +81,13 @@ PASS = "fuse_linear_cross_entropy"
 # logits' fp32 bytes (the issue's bar for what the loss may keep, plain's being the logits)
 GRADS_IN_FORWARD_SHARE = 1 / 8
 _RESHAPES = ("view", "reshape", "flatten", "contiguous")
-_TRANSPOSES = ("t", "transpose", "permute")
 
 
 FORMS = {False: "logits recomputed in the backward", True: "gradients in the forward"}
+# the verdict's words for a Linear that stays (_rewrite)
+_STAYS = {"used": " (its logits still made for another user)",
+          "returned": " (its logits still made for the graph's output; their gradient only "
+                      "for a caller that uses them)"}
 
 
 class _Decline(Exception):
@@ -148,27 +154,6 @@ def _token_index(node: fx.Node, vocab: Any) -> Any:
     return index
 
 
-def _weight_of(right: Any) -> tuple[Any, bool]:
-    """(W, whether W must be transposed) for a matmul's right operand ``W.T`` (W: V x H)."""
-    if isinstance(right, fx.Node) and right.op == "call_function" and \
-            right.target is builtins.getattr and right.args[1] in ("T", "mT"):
-        return right.args[0], False
-    if is_call(right, *_TRANSPOSES) and example_tensor(right) is not None and \
-            example_tensor(right).dim() == 2:
-        dims = _flat(right.args[1:])
-        if is_call(right, "t") or (all(type(d) is int for d in dims) and len(dims) == 2
-                                   and {d % 2 for d in dims} == {0, 1}):
-            return right.args[0], False
-    return right, True
-
-
-def _flat(items: Any) -> list[Any]:
-    out = []
-    for item in items:
-        out.extend(_flat(item) if isinstance(item, (tuple, list)) else [item])
-    return out
-
-
 def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _Site:
     labels, ignore_index, smoothing, reduction = _constant_arguments(ce)
     logits, out = ce.args[0], example_tensor(ce)
@@ -188,7 +173,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
             transpose = False
             break
         if is_call(node, "matmul", "mm"):
-            h, (weight, transpose), bias = node.args[0], _weight_of(node.args[1]), None
+            h, (weight, transpose), bias = node.args[0], weight_of(node.args[1]), None
             break
         if current is None or current.shape[-1] != vocab:
             raise _Decline(f"logits reach the loss through {_name(node)}")
@@ -299,9 +284,11 @@ def _name(node: Any) -> str:
     return f"{node.op} {target}"
 
 
-def _rewrite(graph: fx.Graph, site: _Site) -> bool:
-    """Put the op in place of the loss; erase what no one else uses. Returns whether the
-    product stays (its logits used elsewhere)."""
+def _rewrite(graph: fx.Graph, site: _Site) -> str | None:
+    """Put the op in place of the loss; erase what no one else uses. Returns None where the
+    product goes, "returned" where it stays only for the graph's output (marked for
+    :mod:`fxopt.passes.fuse_linear_cross_entropy_returned`), "used" where something else in
+    the graph uses its logits."""
     labels, ignore_index, smoothing, reduction = site.arguments
     with graph.inserting_before(site.ce):
         h = site.h
@@ -339,7 +326,12 @@ def _rewrite(graph: fx.Graph, site: _Site) -> bool:
     for node in replaced:
         if not node.users:
             graph.erase_node(node)
-    return site.product.graph is graph and bool(site.product.users)
+    if site.product.graph is not graph or not site.product.users:
+        return None
+    if returned_only(site.product):
+        site.product.meta[RETURNED] = True
+        return "returned"
+    return "used"
 
 
 def grads_in_forward(tokens: int, hidden: int, vocab: int, wanted: tuple[bool, bool, bool],
@@ -401,9 +393,8 @@ def fuse_linear_cross_entropies(gm: fx.GraphModule, allow=lambda: True,
         kind = "linear" if is_call(site.product, "linear") else "matmul"
         form = FORMS[site.grads_in_forward]
         stays = _rewrite(gm.graph, site)
-        kept += stays
-        verdicts.match(f"{kind}, {form}" + (" (its logits still made for another user)"
-                                            if stays else ""), bytes=site.removed_bytes)
+        kept += stays is not None
+        verdicts.match(f"{kind}, {form}" + _STAYS.get(stays, ""), bytes=site.removed_bytes)
     return verdicts, kept
 
 
