@@ -8,8 +8,8 @@ the loss transformers falls back to, so GPT-2 has no logging graph break); fp32,
 Peak: ``fxopt.profile_memory`` (every allocation, exact on the CPU), in the two ways users
 write the step: ``model(...).loss.backward()`` drops the output once the loss is taken, so
 the logits a step returns die before the backward; ``out = model(...)`` then
-``out.loss.backward()`` holds them through it ("output held"). Time: ``fxopt.bench.timing.interleaved``, the
-configurations stepped in turn, median and min-max.
+``out.loss.backward()`` holds them through it ("output held"). Time:
+``fxopt.bench.timing.interleaved``, the configurations stepped in turn, median and min-max.
 
     PYTHONPATH=. python benchmarks/drop_logits.py [--model gpt2] [--batch 4] [--seq 128]
         [--steps 7] [--codegen inductor]

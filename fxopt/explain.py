@@ -150,8 +150,10 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
             "itself the setting is torch._dynamo.config.ignore_logging_functions (torch "
             ">= 2.11; it takes the exact function, e.g. transformers' "
             "logging.Logger.warning_once), ignore_logger_methods in older torch")
-    if any("its logits still made" in kind for graph in graphs for r in graph.passes
-           if r.name == "fuse_linear_cross_entropy" for kind in r.verdicts.matched):
+    kept_logits = [kind for graph in graphs for r in graph.passes
+                   if r.name == "fuse_linear_cross_entropy" for kind in r.verdicts.matched
+                   if "its logits still made" in kind]
+    if kept_logits:
         still_made = ("fuse_linear_cross_entropy computes the loss without the logits, but "
                       "something else in the graph still uses them, so they are still made")
         if drops_logits(model) and breaks:
@@ -163,8 +165,11 @@ def _notes(model: Any, options: Options, graphs: list[GraphRecord],
         else:
             notes.append(
                 f"{still_made}: a transformers language model (causal or "
-                "sequence-to-sequence) returns them with its loss. For training steps that "
-                "read only the loss, fxopt.drop_logits(model) removes them from the output")
+                "sequence-to-sequence) returns them with its loss"
+                + (" (their gradient is made only for a caller whose loss reads them)"
+                   if all("graph's output" in kind for kind in kept_logits) else "")
+                + ". For training steps that read only the loss, fxopt.drop_logits(model) "
+                "removes them from the output")
     if not graphs:
         why = ("see the graph break(s) above" if breaks else
                "the call ran no tensor operation Dynamo could capture, or Dynamo skipped "
