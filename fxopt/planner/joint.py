@@ -352,11 +352,21 @@ def step_problem(gm: fx.GraphModule, num_fwd_outputs: int, hardware: HardwarePro
         baseline_bytes=estimate.baseline_bytes, activation_bytes=estimate.activation_bytes,
         step_seconds=sum(analysis.step_seconds), fraction_bounds_peak=force_swap,
         peak_margin=codegen.peak_margin, codegen=codegen.name,
+        held_output_bytes=held_output_bytes(gm, num_fwd_outputs),
         simulate=None if force_swap else _simulator(gm, analysis, num_fwd_outputs, codegen),
         # a fraction under Inductor is partitioned by BudgetedMinCut, which predicts each
         # partition's peak itself: its min-cut simulations would cost seconds each here
         simulate_tagged=None if force_swap or codegen.partitions_by_min_cut
         else _tagged_simulator(gm, num_fwd_outputs, codegen))
+
+
+def held_output_bytes(gm: fx.GraphModule, num_fwd_outputs: int) -> int:
+    """Bytes of the storages the joint graph's forward outputs live in, the caller's inputs'
+    left out (a mutated input's new value, an output that is a view of an input)."""
+    outputs = next(iter(gm.graph.find_nodes(op="output"))).args[0][:num_fwd_outputs]
+    roots = {storage_root(n) for n in outputs if isinstance(n, fx.Node)}
+    return sum(storage_nbytes(root.meta.get("val")) for root in roots
+               if root.op != "placeholder")
 
 
 def _simulator(gm: fx.GraphModule, analysis: JointAnalysis, num_fwd_outputs: int,

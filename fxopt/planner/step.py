@@ -90,6 +90,9 @@ class StepProblem:
     # (:attr:`fxopt.codegen.Codegen.peak_margin`): plans are held to the rest
     peak_margin: float = 0.0
     codegen: str = "fx"  # the code generator the graph compiles with: a plan replays only there
+    # the forward's outputs (not inputs), which the prediction holds to the step's end, as a
+    # caller that keeps the model's output through backward() does
+    held_output_bytes: int = 0
     # actions -> the compiled step's simulated peak (the memory model explain shows;
     # :func:`fxopt.planner.joint.step_problem` sets it); None: the timeline model's stands
     simulate: Callable[[Mapping[str, str]], int] | None = field(
@@ -279,7 +282,8 @@ def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: Hard
                    f"{_margin_words(bound, target)}): the lowest "
                    f"predicted peak reachable is {format_mib(peak)} MiB "
                    f"({peak} bytes; "
-                   f"{format_mib(problem.keep_all_peak_bytes)} MiB with everything kept)")
+                   f"{format_mib(problem.keep_all_peak_bytes)} MiB with everything kept)"
+                   f"{_held_outputs_words(problem.held_output_bytes, peak)}")
         _infeasible(message, "using the plan that reaches it", strict)
     plan = Plan.from_decision(decision, hardware, bound,
                               keep_all_peak_bytes=problem.keep_all_peak_bytes,
@@ -294,6 +298,23 @@ def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: Hard
     plan.extra["tensors"] = _tensor_rows(activations, decision)
     plan.extra["order"] = list(decision.details.get("order", sorted(decision.actions)))
     return plan
+
+
+# held outputs named in an infeasible byte budget's message from this share of its peak on
+HELD_OUTPUTS_NAMED = 0.1
+
+
+def _held_outputs_words(held: int, peak: int) -> str:
+    """The graph's outputs in an infeasible peak, where they weigh: the prediction holds
+    them through the backward (a caller that keeps ``out = model(...)`` does); a step that
+    drops them first can peak lower, and a language model's logits need not be returned."""
+    if held < HELD_OUTPUTS_NAMED * peak:
+        return ""
+    return (f"; {format_mib(held)} MiB of it are the graph's outputs, held to the step's end "
+            "as by a caller that keeps the model's output through backward() (a step that "
+            "drops it first, loss = model(...).loss, can peak lower; "
+            "fxopt.drop_logits(model) keeps a language model's logits out of a step that "
+            "reads only its loss)")
 
 
 def _margin_words(bound: int, target: int) -> str:

@@ -192,6 +192,34 @@ def test_a_byte_budget_below_the_parameters_asks_about_a_fraction():
         _saved_bytes(deep_mlp(), torch.randn(64, 48), {"memory_budget": 1000})
 
 
+class BigOutput(nn.Module):
+    """A loss and, where ``returned``, the (64 x 512) activation it is taken from: a model
+    that returns its logits with its loss, in small."""
+
+    def __init__(self, returned):
+        super().__init__()
+        self.a, self.head, self.returned = nn.Linear(32, 32), nn.Linear(32, 512), returned
+
+    def forward(self, x):
+        out = self.head(torch.tanh(self.a(x)))
+        return (out.square().mean(), out) if self.returned else out.square().mean()
+
+
+@pytest.mark.parametrize("returned", [True, False])
+def test_an_infeasible_byte_budget_names_the_outputs_it_holds(returned):
+    """The prediction holds the graph's outputs through the backward (a caller that keeps
+    the model's output does): where they weigh in the lowest peak, the message says so and
+    names what lowers it; a graph that returns only its loss is not told."""
+    compiled = torch.compile(BigOutput(returned), backend=fxopt.backend(
+        memory_budget="150KiB", codegen="fx"))
+    with pytest.warns(UserWarning, match="cannot fit") as caught:
+        compiled(torch.randn(64, 32))
+    (message,) = [str(w.message) for w in caught if "cannot fit" in str(w.message)]
+    named = "0.13 MiB of it are the graph's outputs, held to the step's end"
+    assert (named in message) is returned
+    assert ("fxopt.drop_logits(model)" in message) is returned
+
+
 def test_flag_without_a_budget_changes_nothing():
     comparison = assert_same_as_eager(MLP(), (torch.randn(4, 13),), {"swap_recompute": True})
     record = _record(comparison)
