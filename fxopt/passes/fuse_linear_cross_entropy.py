@@ -61,7 +61,7 @@ from fxopt import _compat
 from fxopt.kernels import fuse_linear_cross_entropy as _ops  # registers the ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
-from fxopt.passes.fuse_linear_cross_entropy_returned import RETURNED, returned_only, weight_of
+from fxopt.passes.fuse_linear_cross_entropy_returned import RETURNED, returned_node, weight_of
 from fxopt.passes.torch_calls import (
     arg,
     constant_operand,
@@ -286,7 +286,8 @@ def _name(node: Any) -> str:
 
 def _rewrite(graph: fx.Graph, site: _Site) -> str | None:
     """Put the op in place of the loss; erase what no one else uses. Returns None where the
-    product goes, "returned" where it stays only for the graph's output (marked for
+    product goes, "returned" where it stays only for the graph's output, itself or through a
+    tail (the returned logits marked for
     :mod:`fxopt.passes.fuse_linear_cross_entropy_returned`), "used" where something else in
     the graph uses its logits."""
     labels, ignore_index, smoothing, reduction = site.arguments
@@ -328,8 +329,8 @@ def _rewrite(graph: fx.Graph, site: _Site) -> str | None:
             graph.erase_node(node)
     if site.product.graph is not graph or not site.product.users:
         return None
-    if returned_only(site.product):
-        site.product.meta[RETURNED] = True
+    if (returned := returned_node(site.product)) is not None:
+        returned.meta[RETURNED] = True
         return "returned"
     return "used"
 

@@ -2,7 +2,9 @@
 alone (fxopt/passes/fuse_linear_cross_entropy_returned.py): the backward has no gradient
 input of the logits' size, a caller that back-propagates the loss only makes no logits-sized
 tensor in the backward, and one that also back-propagates through the logits gets eager's
-gradients (of h, W and b). Small heads (hidden 16, vocabulary 131, 3 x 7 tokens).
+gradients (of h, W, b and a tail's bias), with the tails models put between the head and
+the returned logits (a scale, a bias, a soft-cap). Small heads (hidden 16, vocabulary 131,
+3 x 7 tokens).
 """
 
 import pytest
@@ -25,13 +27,17 @@ RETURNED = ("(its logits still made for the graph's output; their gradient only 
 class Head(nn.Module):
     """An LM head returning its loss and its logits, as transformers' models do."""
 
-    def __init__(self, logits, bias=False, tied=False, vocab=V, hidden=H):
+    def __init__(self, logits, bias=False, tied=False, vocab=V, hidden=H, logits_bias=None):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.body = nn.Linear(hidden, hidden)
         self.head = nn.Linear(hidden, vocab, bias=bias)
         if tied:
             self.head.weight = self.embed.weight
+        if logits_bias == "buffer":  # BART's final_logits_bias: (1, vocab), added after
+            self.register_buffer("final_logits_bias", torch.randn(1, vocab))
+        elif logits_bias == "parameter":
+            self.final_logits_bias = nn.Parameter(torch.randn(1, vocab))
         self.logits = logits
 
     def forward(self, tokens, labels):
@@ -46,6 +52,14 @@ HEADS = {
     "h @ W.T, tied": (lambda m, h: h @ m.embed.weight.T, {"tied": True}),
     "matmul with W.transpose": (lambda m, h: torch.matmul(h, m.head.weight.transpose(0, 1)),
                                 {}),
+    # tails between the head and the returned logits, as the loss reads them
+    "scaled (Cohere)": (lambda m, h: m.head(h) * 0.0625, {}),
+    "divided, bias (Granite)": (lambda m, h: m.head(h) / 3.0, {"bias": True}),
+    "added bias buffer, moved (BART)": (
+        lambda m, h: m.head(h) + m.final_logits_bias.to(h.device), {"logits_bias": "buffer"}),
+    "scaled around a trained bias": (lambda m, h: (2.0 * m.head(h) + m.final_logits_bias) / 3.0,
+                                     {"logits_bias": "parameter"}),
+    "soft-capped (Gemma 2)": (lambda m, h: torch.tanh(m.head(h) / 0.5) * 0.5, {}),
 }
 
 
@@ -168,11 +182,11 @@ def test_logits_grad_is_the_linear_backward():
     b = torch.randn(1, V, requires_grad=True)
     grad = torch.randn(2, 5, V)
     expected = torch.autograd.grad(F.linear(h, w, b.view(-1)), (h, w, b), grad)
-    attached = LogitsGrad.apply(F.linear(h, w, b.view(-1)).detach(), h, w, b, True)
+    attached = LogitsGrad.apply(F.linear(h, w, b.view(-1)).detach(), h, w, b, None, True)
     for got, want in zip(torch.autograd.grad(attached, (h, w, b), grad), expected):
         torch.testing.assert_close(got, want)
     right = w.detach().t().contiguous().requires_grad_()
-    attached = LogitsGrad.apply((h @ right).detach(), h, right, None, False)
+    attached = LogitsGrad.apply((h @ right).detach(), h, right, None, None, False)
     got_h, got_right = torch.autograd.grad(attached, (h, right), grad)
     torch.testing.assert_close(got_h, expected[0])
     torch.testing.assert_close(got_right, expected[1].t())
@@ -188,7 +202,28 @@ def test_logits_grad_under_autocast_is_eagers():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = F.linear(h, w)
     expected = torch.autograd.grad(logits, (h, w), grad)
-    attached = LogitsGrad.apply(logits.detach(), h, w, None, True)
+    attached = LogitsGrad.apply(logits.detach(), h, w, None, None, True)
     for got, want in zip(torch.autograd.grad(attached, (h, w), grad), expected):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_logits_grad_through_a_tail_is_autograds():
+    """``(0.5 * tanh((h @ W.T + b) * 0.25 + c) * 4)``, the tail's steps given to LogitsGrad,
+    against autograd through the same ops: the tanh's slope from the returned logits, the
+    trained tail bias c reduced to its (1, V) shape."""
+    h = torch.randn(2, 5, H, requires_grad=True)
+    w = torch.randn(V, H, requires_grad=True)
+    b = torch.randn(V, requires_grad=True)
+    c = torch.randn(1, V, requires_grad=True)
+
+    def tail(z):
+        return torch.tanh(z * 0.25 + c) * 0.5 * 4.0
+
+    grad = torch.randn(2, 5, V)
+    returned = tail(F.linear(h, w, b))
+    expected = torch.autograd.grad(returned, (h, w, b, c), grad)
+    steps = (("mul", 0.25), ("bias",), ("tanh",), ("mul", 0.5), ("mul", 4.0))
+    attached = LogitsGrad.apply(returned.detach(), h, w, b, c, True, steps, torch.float32)
+    for got, want in zip(torch.autograd.grad(attached, (h, w, b, c), grad), expected):
+        torch.testing.assert_close(got, want)
