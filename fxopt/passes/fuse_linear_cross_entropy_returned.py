@@ -53,7 +53,8 @@ from fxopt.passes.torch_calls import arg, constant_operand, example_tensor, is_c
 __all__ = ["RETURNED", "LogitsGrad", "ReturnedLogits", "WithReturnedLogits", "returned_node",
            "split_returned_logits", "tail_of", "weight_of"]
 
-# node meta key: fuse_linear_cross_entropy's product that stays only for the graph's output
+# node meta key: the logits fuse_linear_cross_entropy leaves only for the graph's output
+# (its product, or the end of the product's tail)
 RETURNED = "fxopt_returned_logits"
 _TRANSPOSES = ("t", "transpose", "permute")
 
