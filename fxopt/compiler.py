@@ -298,7 +298,6 @@ class _GraphCompiler:
         self.device = graph_device(example_inputs)
         self.codegen = self.record.codegen = resolve_codegen(self.options, self.device)
         self.record.dynamo_nodes = len(gm.graph.nodes)
-        self._model_outputs = _output_count(gm)
         try:
             compiled = self._compile_stages(gm, example_inputs)
         except (PassFailure, config.OptionError):
@@ -324,7 +323,9 @@ class _GraphCompiler:
 
         def traced(gm: fx.GraphModule) -> None:
             self.record.graphs["dynamo"] = gm
-            self._model_outputs = _output_count(gm)  # with the returned logits' h
+            # with the returned logits' h (fuse_linear_cross_entropy_returned)
+            self._model_outputs = len(_compat.tree_leaves(
+                next(iter(gm.graph.find_nodes(op="output"))).args))
             if gm is not plain:  # a pre-autograd pass changed it: the joint is not plain
                 self.record.memory["autograd"] = (
                     _report_only(_plain_joint_memory(example_inputs, ctx), plain)
@@ -477,10 +478,6 @@ def _plain_joint_memory(example_inputs: Sequence[Any], ctx: PassContext
         return found[0] if found else None
 
     return plain_joint_memory
-
-
-def _output_count(gm: fx.GraphModule) -> int:
-    return len(_compat.tree_leaves(next(iter(gm.graph.find_nodes(op="output"))).args))
 
 
 def _report_only(analysis: Callable[[fx.GraphModule], T], gm: fx.GraphModule) -> T | None:

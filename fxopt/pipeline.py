@@ -108,15 +108,13 @@ def capture_step(gm: fx.GraphModule, example_inputs: Sequence[Any], ctx: PassCon
     they leave, then AOTAutograd with compilation's flags for ``ctx.codegen``
     (:meth:`fxopt.codegen.Codegen.trace`; ``aot``: its partition and compilers)."""
     returned: list[ReturnedLogits] = []
-    outputs = None
     if records is not None:
         gm = run_stage(Stage.PRE_AUTOGRAD, gm, ctx, records, instruments)
-        outputs = _interface(gm)[1]
         gm, returned = split_returned_logits(gm)
     if traced is not None:
         traced(gm)
     compiled = ctx.codegen.trace(gm, example_inputs, **aot)
-    return WithReturnedLogits(compiled, returned, outputs) if returned else compiled
+    return WithReturnedLogits(compiled, returned) if returned else compiled
 
 
 def removed_saved_bytes(records: list[PassRecord]) -> int:

@@ -248,16 +248,16 @@ def split_returned_logits(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[Retu
             continue
         product, steps = found
         operands = _operands(product)
-        tail_bias = next((step[1] for step in steps if step[0] == "bias"), None)
         with gm.graph.inserting_before(product):
             for operand in operands.detach:
                 product.replace_input_with(
                     operand, gm.graph.call_method("detach", (operand,)))
+        tail_bias = None
         for step in steps:
             if step[0] == "bias":
-                with gm.graph.inserting_before(step[2]):
-                    step[2].replace_input_with(
-                        step[3], gm.graph.call_method("detach", (step[3],)))
+                tail_bias, add, operand = step[1:]
+                with gm.graph.inserting_before(add):
+                    add.replace_input_with(operand, gm.graph.call_method("detach", (operand,)))
         if operands.h.op == "placeholder":
             h = ("input", placeholders.index(operands.h))
         else:
@@ -341,17 +341,17 @@ def _reduced(grad: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch
 
 class WithReturnedLogits:
     """The compiled graph of :func:`split_returned_logits`, called as Dynamo calls what a
-    backend returns: its outputs without the appended ``h``, each product's logits attached
-    by :class:`LogitsGrad`."""
+    backend returns: its outputs without the appended ``h`` (the last ones, one for each
+    site whose ``h`` is an output), each product's logits attached by :class:`LogitsGrad`."""
 
-    def __init__(self, compiled: Any, sites: list[ReturnedLogits], outputs: int) -> None:
+    def __init__(self, compiled: Any, sites: list[ReturnedLogits]) -> None:
         self.compiled = compiled
         self.sites = sites
-        self.outputs = outputs
+        self.appended = sum(site.h[0] == "output" for site in sites)
 
     def __call__(self, *args: Any) -> Any:
         values = self.compiled(*args)
-        kept = list(values[:self.outputs])
+        kept = list(values[:len(values) - self.appended])
 
         def find(where: int | torch.Tensor | None) -> torch.Tensor | None:
             return args[where] if isinstance(where, int) else where
