@@ -1,5 +1,6 @@
 """Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM, an
-``nn.LSTM``/``nn.GRU`` language model with its loss (and its tokens), and a wrapper that
+``nn.LSTM``/``nn.GRU`` language model with its loss (and its tokens), an LM head whose
+loss a test writes, and a wrapper that
 runs a model under bf16 autocast; ``seeded_step``, one measured training step;
 ``load_benchmark``, a benchmark script's models and measurements for the tests that check
 what its committed table shows."""
@@ -102,6 +103,30 @@ def deep_mlp() -> nn.Module:
     torch.manual_seed(0)
     layers = [m for _ in range(4) for m in (nn.Linear(48, 48), nn.GELU())]
     return nn.Sequential(*layers, nn.Linear(48, 5))
+
+
+class LMHead(nn.Module):
+    """A hidden layer and an LM head (vocabulary 131, hidden 16 by default) whose loss is
+    written by ``loss`` ((module, h, labels) -> its output): the fused loss's tests.
+    ``logits_bias``: BART's final_logits_bias, a (1, vocab) buffer the loss may add to the
+    logits; "trained", a parameter."""
+
+    def __init__(self, loss, bias=False, tied=False, vocab=131, hidden=16, logits_bias=False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.body = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, vocab, bias=bias)
+        if tied:
+            self.head.weight = self.embed.weight
+        if logits_bias == "trained":
+            self.final_logits_bias = nn.Parameter(torch.randn(1, vocab))
+        elif logits_bias:
+            self.register_buffer("final_logits_bias", torch.randn(1, vocab))
+        self.loss = loss
+
+    def forward(self, tokens, labels):
+        h = torch.tanh(self.body(self.embed(tokens)))
+        return self.loss(self, h, labels)
 
 
 class BF16Autocast(nn.Module):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from models import BF16Autocast
+from models import LMHead as Head
 from torch import nn
 
 from fxopt.analysis import measure_saved_bytes
@@ -21,25 +22,6 @@ V, H = 131, 16
 
 def _verdicts(comparison):
     return [r.verdicts for r in comparison.passes if r.name == PASS]
-
-
-class Head(nn.Module):
-    """A hidden layer and an LM head whose loss is written by ``loss`` (logits -> loss)."""
-
-    def __init__(self, loss, bias=False, tied=False, vocab=V, hidden=H, logits_bias=False):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.body = nn.Linear(hidden, hidden)
-        self.head = nn.Linear(hidden, vocab, bias=bias)
-        if tied:
-            self.head.weight = self.embed.weight
-        if logits_bias:  # BART's final_logits_bias: a (1, vocab) buffer added to the logits
-            self.register_buffer("final_logits_bias", torch.randn(1, vocab))
-        self.loss = loss
-
-    def forward(self, tokens, labels):
-        h = torch.tanh(self.body(self.embed(tokens)))
-        return self.loss(self, h, labels)
 
 
 def _flat_ce(**kw):

@@ -10,8 +10,7 @@ the returned logits (a scale, a bias, a soft-cap). Small heads (hidden 16, vocab
 import pytest
 import torch
 import torch.nn.functional as F
-from models import BF16Autocast
-from torch import nn
+from models import BF16Autocast, LMHead
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxopt
@@ -24,27 +23,17 @@ RETURNED = ("(its logits still made for the graph's output; their gradient only 
             "caller that uses them)")
 
 
-class Head(nn.Module):
-    """An LM head returning its loss and its logits, as transformers' models do."""
+def _returning(logits):
+    """A loss for LMHead that returns the loss and the logits ``logits(m, h)`` makes, as
+    transformers' models do."""
+    def loss(m, h, labels):
+        out = logits(m, h)
+        return F.cross_entropy(out.float().view(-1, m.head.out_features), labels.view(-1)), out
+    return loss
 
-    def __init__(self, logits, bias=False, tied=False, vocab=V, hidden=H, logits_bias=None):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.body = nn.Linear(hidden, hidden)
-        self.head = nn.Linear(hidden, vocab, bias=bias)
-        if tied:
-            self.head.weight = self.embed.weight
-        if logits_bias == "buffer":  # BART's final_logits_bias: (1, vocab), added after
-            self.register_buffer("final_logits_bias", torch.randn(1, vocab))
-        elif logits_bias == "parameter":
-            self.final_logits_bias = nn.Parameter(torch.randn(1, vocab))
-        self.logits = logits
 
-    def forward(self, tokens, labels):
-        h = torch.tanh(self.body(self.embed(tokens)))
-        logits = self.logits(self, h)
-        vocab = self.head.out_features
-        return F.cross_entropy(logits.float().view(-1, vocab), labels.view(-1)), logits
+def _head(logits, **kwargs):
+    return LMHead(_returning(logits), **kwargs)
 
 
 HEADS = {
@@ -56,16 +45,16 @@ HEADS = {
     "scaled (Cohere)": (lambda m, h: m.head(h) * 0.0625, {}),
     "divided, bias (Granite)": (lambda m, h: m.head(h) / 3.0, {"bias": True}),
     "added bias buffer, moved (BART)": (
-        lambda m, h: m.head(h) + m.final_logits_bias.to(h.device), {"logits_bias": "buffer"}),
+        lambda m, h: m.head(h) + m.final_logits_bias.to(h.device), {"logits_bias": True}),
     "scaled around a trained bias": (lambda m, h: (2.0 * m.head(h) + m.final_logits_bias) / 3.0,
-                                     {"logits_bias": "parameter"}),
+                                     {"logits_bias": "trained"}),
     "soft-capped (Gemma 2)": (lambda m, h: torch.tanh(m.head(h) / 0.5) * 0.5, {}),
 }
 
 
 def _linear_head():
     logits, kwargs = HEADS["linear with a bias"]
-    return Head(logits, **kwargs)
+    return _head(logits, **kwargs)
 
 
 def _tokens():
@@ -87,7 +76,7 @@ def test_returned_logits_have_no_gradient_input_and_train_like_eager(head, codeg
     own gradient runs through LogitsGrad's backward to h, W and b."""
     logits, kwargs = HEADS[head]
     torch.manual_seed(0)
-    comparison = assert_same_as_eager(Head(logits, **kwargs), _tokens(),
+    comparison = assert_same_as_eager(_head(logits, **kwargs), _tokens(),
                                       {PASS: True, "codegen": codegen})
     assert comparison.fired(PASS)
     (matched,) = [kind for r in comparison.passes if r.name == PASS
@@ -151,7 +140,7 @@ def test_many_tokens_in_the_gradients_in_the_forward_form():
     4 x 512 in benchmarks/results/drop_logits_cpu.md), and the returned logits are split
     the same way."""
     torch.manual_seed(0)
-    model = Head(lambda m, h: m.head(h), bias=True, vocab=1000, hidden=8)
+    model = _head(lambda m, h: m.head(h), bias=True, vocab=1000, hidden=8)
     tokens = torch.randint(0, 1000, (4, 32), generator=torch.Generator().manual_seed(2))
     labels = torch.randint(0, 1000, (4, 32), generator=torch.Generator().manual_seed(3))
     comparison = assert_same_as_eager(model, (tokens, labels), {PASS: True, "codegen": "fx"})
