@@ -61,10 +61,14 @@ from fxopt import _compat
 from fxopt.kernels import fuse_linear_cross_entropy as _ops  # registers the ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import REMOVED_SAVED_BYTES, PassContext, PassResult, Verdicts
-from fxopt.passes.fuse_linear_cross_entropy_returned import RETURNED, returned_node, weight_of
+from fxopt.passes.fuse_linear_cross_entropy_returned import (
+    RETURNED,
+    returned_node,
+    scaled_logits,
+    weight_of,
+)
 from fxopt.passes.torch_calls import (
     arg,
-    constant_operand,
     example_tensor,
     is_call,
     scalar_operand,
@@ -183,7 +187,7 @@ def _match(ce: fx.Node, hardware: HardwareProfile, fused_accumulate: bool) -> _S
                 raise _Decline("logits reach the loss through two additions")
             source, added = _bias_add(node, vocab)
             bias_scale = scale  # the part of the scale applied after the bias
-        elif (scaled := _scaled(node)) is not None:
+        elif (scaled := scaled_logits(node)) is not None:
             source, factor = scaled
             scale *= factor
         elif is_call(node, "mul", "truediv") and symbolic_float(scalar_operand(node)[0]):
@@ -259,21 +263,6 @@ def _bias_add(node: fx.Node, vocab: Any) -> tuple[fx.Node, fx.Node]:
                 bias_value.numel() == vocab:
             return logits, bias
     raise _Decline("logits reach the loss through an add that is not a bias")
-
-
-def _scaled(node: fx.Node) -> tuple[fx.Node, float] | None:
-    """(the logits, the factor) of ``logits * c``, ``c * logits`` or ``logits / c`` for a
-    number ``c`` (Cohere's ``logit_scale``, Granite's ``logits_scaling``); else None."""
-    if len(node.args) != 2 or node.kwargs:
-        return None
-    number, logits = constant_operand(node)
-    if number is None or not isinstance(logits, fx.Node):
-        return None
-    if is_call(node, "mul"):
-        return logits, number
-    if is_call(node, "truediv") and logits is node.args[0] and number != 0:
-        return logits, 1.0 / number
-    return None
 
 
 def _name(node: Any) -> str:

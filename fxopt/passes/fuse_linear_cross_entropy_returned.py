@@ -51,7 +51,7 @@ from fxopt import _compat
 from fxopt.passes.torch_calls import arg, constant_operand, example_tensor, is_call
 
 __all__ = ["RETURNED", "LogitsGrad", "ReturnedLogits", "WithReturnedLogits", "returned_node",
-           "split_returned_logits", "tail_of", "weight_of"]
+           "scaled_logits", "split_returned_logits", "tail_of", "weight_of"]
 
 # node meta key: the logits fuse_linear_cross_entropy leaves only for the graph's output
 # (its product, or the end of the product's tail)
@@ -73,6 +73,21 @@ def weight_of(right: Any) -> tuple[Any, bool]:
                                    and {d % 2 for d in dims} == {0, 1}):
             return right.args[0], False
     return right, True
+
+
+def scaled_logits(node: fx.Node) -> tuple[fx.Node, float] | None:
+    """(the logits, the factor) of ``logits * c``, ``c * logits`` or ``logits / c`` for a
+    number ``c`` (Cohere's ``logit_scale``, Granite's ``logits_scaling``); else None."""
+    if len(node.args) != 2 or node.kwargs:
+        return None
+    number, logits = constant_operand(node)
+    if number is None or not isinstance(logits, fx.Node):
+        return None
+    if is_call(node, "mul"):
+        return logits, number
+    if is_call(node, "truediv") and logits is node.args[0] and number != 0:
+        return logits, 1.0 / number
+    return None
 
 
 def _flat(items: Any) -> list[Any]:
@@ -123,12 +138,10 @@ def _tail_step(node: fx.Node, source: fx.Node, vocab: Any) -> tuple[Any, ...] | 
         return ("tanh",)
     if len(node.args) != 2 or node.kwargs or source not in node.args:
         return None
-    number, other = constant_operand(node)
-    if number is not None and other is source:
-        if is_call(node, "mul"):
-            return ("mul", number)
-        if is_call(node, "truediv") and node.args[0] is source and number != 0:
-            return ("mul", 1.0 / number)
+    if (scaled := scaled_logits(node)) is not None:
+        logits, factor = scaled
+        return ("mul", factor) if logits is source else None
+    if constant_operand(node)[0] is not None:
         return None
     operand = node.args[1] if node.args[0] is source else node.args[0]
     # BART's bias moved to the logits' device first: final_logits_bias.to(logits.device)
