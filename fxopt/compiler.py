@@ -93,6 +93,9 @@ class GraphRecord:
     # what runs with less than was asked, and why: the graph uncompiled, a graph without
     # Inductor; failed passes are in ``passes`` (see every_fallback)
     fallbacks: list[str] = field(default_factory=list)
+    # the sizes (symbol -> size) a byte budget's graph was planned again at, after a larger
+    # call (SizeWatch); empty: planned at the sizes Dynamo traced
+    planned_at: dict[str, int] = field(default_factory=dict)
 
     @property
     def fallback(self) -> str | None:
@@ -158,11 +161,12 @@ class Backend:
         entries = len(self.budget_ledger.shares)
         try:
             compiled = compiler.compile(gm, example_inputs)
+            index = len(self.graphs) - 1
             if len(self.budget_ledger.shares) == entries + 1:  # a share of the budget
+                recompile = self._replanner(gm, resolved, index, entries)
                 return Replannable(compiled, self.budget_ledger, entries,
-                                   self._replanner(gm, resolved, len(self.graphs) - 1,
-                                                   entries))
-            return _watched(compiled, compiler, resolved, gm, example_inputs)
+                                   lambda inputs: recompile(inputs)[0])
+            return self._watched(compiled, compiler, gm, example_inputs, index)
         except Exception as exc:
             if _compat.is_dynamo_protocol_error(exc):
                 # Dynamo compiles the frame again (a float it had made symbolic is
@@ -174,13 +178,17 @@ class Backend:
                 raise
             return _raise_when_run(compiler.record.name, exc)
 
-    def _replanner(self, gm: fx.GraphModule, options: Options, index: int, entry: int
-                   ) -> Callable[[list[Any]], Callable[..., Any]]:
-        """Compile graph ``index`` again (its ledger ``entry`` planned within a smaller
-        share: :class:`~fxopt.planner.ledger.Replannable`) on the values Dynamo traced it
-        with, in a tracing context like Dynamo's, so a graph of symbolic sizes stays
-        symbolic (``dynamic=True``: on the call's inputs the size symbols became the call's
-        ints, and the recompile failed); a graph Dynamo did not trace, on the call's inputs."""
+    def _replanner(self, gm: fx.GraphModule, options: Options, index: int,
+                   entry: int | None = None
+                   ) -> Callable[..., tuple[Callable[..., Any], _GraphCompiler]]:
+        """Compile graph ``index`` again, on the values Dynamo traced it with, in a tracing
+        context like Dynamo's, so a graph of symbolic sizes stays symbolic
+        (``dynamic=True``: on the call's inputs the size symbols became the call's ints, and
+        the recompile failed); a graph Dynamo did not trace, on the call's inputs. For its
+        ledger ``entry``, planned within a smaller share
+        (:class:`~fxopt.planner.ledger.Replannable`); with ``planned_sizes`` (symbol ->
+        size), planned at those sizes (:class:`~fxopt.planner.size_watch.SizeWatch`).
+        Returns the compiled graph and its compiler."""
         # what Dynamo traced each input with: fake tensors (with their size symbols) and
         # SymInts, which hold no memory, unlike a step's real inputs (a loss graph's logits)
         traced: list[Any] | None = [example_value(p)
@@ -188,10 +196,11 @@ class Backend:
         if any(value is None for value in traced):
             traced = None
 
-        def recompile(inputs: list[Any]) -> Callable[..., Any]:
+        def recompile(inputs: list[Any], planned_sizes: dict[str, int] | None = None
+                      ) -> tuple[Callable[..., Any], _GraphCompiler]:
             name = self.graphs[index].name
             compiler = _GraphCompiler(options, name, self._instruments, self._plain_baseline,
-                                      self.budget_ledger)
+                                      self.budget_ledger, planned_sizes)
             self.budget_ledger.replanning = entry
             try:
                 if traced is None:
@@ -202,27 +211,39 @@ class Backend:
             finally:
                 self.budget_ledger.replanning = None
             self.graphs[index] = compiler.record
-            return compiled
+            return compiled, compiler
         return recompile
 
+    def _watched(self, compiled: Callable[..., Any], compiler: _GraphCompiler,
+                 gm: fx.GraphModule, example_inputs: Sequence[Any], index: int
+                 ) -> Callable[..., Any]:
+        """A graph of symbolic sizes planned within a byte budget, wrapped to be planned
+        again at a larger call whose predicted peak passes the budget
+        (:class:`~fxopt.planner.size_watch.SizeWatch`); any other graph as compiled."""
+        budget = compiler.options.memory_budget
+        if budget is None or budget.bytes is None or compiler.num_fwd_outputs is None:
+            return compiled
+        planned = _planned_peak(compiler.record)
+        joint = compiler.record.graphs.get("joint")
+        sizes = traced_sizes(gm, example_inputs)
+        if planned is None or joint is None or not sizes:
+            return compiled
+        num_fwd_outputs, hardware = compiler.num_fwd_outputs, profile_for(compiler.device)
+        recompile = self._replanner(gm, compiler.options, index)
 
-def _watched(compiled: Callable[..., Any], compiler: _GraphCompiler, options: Options,
-             gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """A graph of symbolic sizes planned under a byte budget, wrapped to warn where a larger
-    call's predicted peak passes it (:class:`~fxopt.planner.size_watch.SizeWatch`); any
-    other graph as compiled."""
-    budget = options.memory_budget
-    if budget is None or budget.bytes is None or compiler.num_fwd_outputs is None:
-        return compiled
-    planned = next((r.stats["peak_after"] for r in compiler.record.pass_records(
-        "swap_recompute") if r.stats.get("peak_after") is not None), None)
-    joint = compiler.record.graphs.get("joint")
-    sizes = traced_sizes(gm, example_inputs)
-    if planned is None or joint is None or not sizes:
-        return compiled
-    num_fwd_outputs, hardware = compiler.num_fwd_outputs, profile_for(compiler.device)
-    return SizeWatch(compiled, compiler.record.name, budget.bytes, sizes, planned,
-                     lambda: symbolic_step(joint, num_fwd_outputs, hardware))
+        def replan(inputs: list[Any], planned_sizes: dict[str, int]
+                   ) -> tuple[Callable[..., Any], int | None]:
+            again, again_compiler = recompile(inputs, planned_sizes)
+            return again, _planned_peak(again_compiler.record)
+
+        return SizeWatch(compiled, compiler.record.name, budget.bytes, sizes, planned,
+                         lambda: symbolic_step(joint, num_fwd_outputs, hardware), replan)
+
+
+def _planned_peak(record: GraphRecord) -> int | None:
+    """The step peak the byte budget's plan of a graph predicts (None: no plan made)."""
+    return next((r.stats["peak_after"] for r in record.pass_records("swap_recompute")
+                 if r.stats.get("peak_after") is not None), None)
 
 
 def backend(**options: Any) -> Backend:
@@ -278,12 +299,14 @@ class _GraphCompiler:
     """Compiles one Dynamo graph: runs the stages and keeps the record."""
 
     def __init__(self, options: Options, name: str, instruments: tuple[Instrument, ...],
-                 plain_baseline: bool = False, budget_ledger: BudgetLedger | None = None
-                 ) -> None:
+                 plain_baseline: bool = False, budget_ledger: BudgetLedger | None = None,
+                 planned_sizes: dict[str, int] | None = None) -> None:
         self.options = options
+        # symbol -> size to plan at instead of the trace's (compile and the lazy backward)
+        self.planned_sizes = planned_sizes or {}
         self.plain_baseline = plain_baseline
         self.budget_ledger = budget_ledger
-        self.record = GraphRecord(name=name, options=options)
+        self.record = GraphRecord(name=name, options=options, planned_at=self.planned_sizes)
         self.instruments = instruments + _debug_instruments(options)
         self.device = torch.device("cpu")
         self.codegen = FX  # resolved for the graph's device in compile()
@@ -299,7 +322,8 @@ class _GraphCompiler:
         self.codegen = self.record.codegen = resolve_codegen(self.options, self.device)
         self.record.dynamo_nodes = len(gm.graph.nodes)
         try:
-            compiled = self._compile_stages(gm, example_inputs)
+            with _compat.sizes_planned_at(self.planned_sizes):
+                compiled = self._compile_stages(gm, example_inputs)
         except (PassFailure, config.OptionError):
             raise  # strict, or an option that cannot be honoured: already explained
         except Exception as exc:
@@ -410,8 +434,10 @@ class _GraphCompiler:
                     else estimate_step_memory(forward, g, codegen=codegen))
 
         ctx = self._context(Stage.BACKWARD, GraphKind.BACKWARD, example_inputs, estimate)
-        compiled = self._finish(Stage.BACKWARD, gm, ctx, example_inputs)
-        self.record.memory["fxopt"] = _report_only(estimate, self.record.graphs["backward"])
+        with _compat.sizes_planned_at(self.planned_sizes):  # compiled at the first backward
+            compiled = self._finish(Stage.BACKWARD, gm, ctx, example_inputs)
+            self.record.memory["fxopt"] = _report_only(estimate,
+                                                         self.record.graphs["backward"])
         self.record.compile_seconds += time.perf_counter() - start
         return compiled
 

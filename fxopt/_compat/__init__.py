@@ -1,5 +1,6 @@
 """The one adapter between fxopt and torch's private APIs (this package: Dynamo's side in
-:mod:`fxopt._compat.dynamo`, re-exported here).
+:mod:`fxopt._compat.dynamo`, symbolic sizes' ints in :mod:`fxopt._compat.sizes`, both
+re-exported here).
 
 fxopt needs a few things torch does not expose publicly: AOTAutograd's entry for backends,
 its partitioners, Inductor's per-graph compiler and decomposition table (and its Triton
@@ -42,6 +43,7 @@ from fxopt._compat.dynamo import (
     is_dynamo_protocol_error,
     tracing_again,
 )
+from fxopt._compat.sizes import size_hint, sizes_planned_at
 
 __all__ = [
     "NN_GELU", "NN_LINEAR", "TorchDispatchMode", "activation_memory_budget", "aot_autograd",
@@ -55,7 +57,7 @@ __all__ = [
     "is_dynamo_protocol_error", "is_op_overload", "is_symbolic", "min_cut_partition",
     "modes_suspended", "op_alias_sets", "PARTITION_SEARCH", "queue_backward_callback",
     "rng_wrapped_call",
-    "size_hint", "tracing_again", "tree_flatten",
+    "size_hint", "sizes_planned_at", "tracing_again", "tree_flatten",
     "tree_leaves", "tree_map",
 ]
 
@@ -392,17 +394,6 @@ def decomposed_lstm_states_misshapen() -> bool:
     with torch.no_grad():
         _, (h_n, _) = one_layer(torch.zeros(1, batch, 1), states, params, False)
     return h_n.dim() != 2
-
-
-def size_hint(size: Any, fallback: int) -> int:
-    """A concrete int for a SymInt, without adding a guard (``fallback`` for unbacked
-    sizes). torch 2.13 calls this ``optimization_hint``, 2.11 and 2.12 ``size_hint`` (their
-    ``hint_int`` warns that it is deprecated), earlier releases ``hint_int``."""
-    from torch.fx.experimental import symbolic_shapes
-
-    hint = (getattr(symbolic_shapes, "optimization_hint", None)
-            or getattr(symbolic_shapes, "size_hint", None) or symbolic_shapes.hint_int)
-    return int(hint(size, fallback=fallback))
 
 
 def op_alias_sets(op: Any) -> tuple[list[tuple[str, frozenset[str], bool]],

@@ -7,6 +7,7 @@ import torch
 from analysis_helpers import MODELS, capture
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from fxopt import _compat
 from fxopt.analysis import (
     ensure_fake_values,
     nbytes,
@@ -67,6 +68,26 @@ def test_symbolic_sizes_resolve_to_their_hints():
     assert any(isinstance(s, torch.SymInt) for s in x_fake.shape)
     assert nbytes(x_fake) == x.numel() * 4
     assert tensor_values(next(n for n in phs if isinstance(n.meta["val"], torch.SymInt))) == []
+
+
+def test_sizes_planned_at_read_those_symbols_at_those_sizes_and_add_no_guard():
+    """A byte budget's graph planned again at a larger call (SizeWatch) reads its sizes
+    there: the planned symbol at its planned size, expressions of it evaluated, every other
+    symbol at its hint."""
+    cap, x = _dynamic_block()
+    phs = [n for n in cap.fw.graph.nodes if n.op == "placeholder"]
+    x_fake = next(n.meta["val"] for n in phs if isinstance(n.meta["val"], torch.Tensor)
+                  and n.meta["val"].dim() == 3)
+    first, second = x_fake.shape[0], x_fake.shape[1]
+    assert isinstance(first, torch.SymInt) and isinstance(second, torch.SymInt)
+    guards = len(first.node.shape_env.guards)
+    with _compat.sizes_planned_at({str(first): 3 * x.shape[0]}):
+        assert size_hint(first) == 3 * x.shape[0]
+        assert size_hint(second) == x.shape[1]               # not planned: its hint
+        assert size_hint(first * second + 1) == 3 * x.shape[0] * x.shape[1] + 1
+        assert nbytes(x_fake) == 3 * x.numel() * 4
+    assert size_hint(first) == x.shape[0] and nbytes(x_fake) == x.numel() * 4  # restored
+    assert len(first.node.shape_env.guards) == guards
 
 
 def test_ensure_fake_values_fills_in_new_nodes_with_the_same_symbols():

@@ -1,9 +1,12 @@
-"""SizeWatch: a byte memory_budget planned at the sizes Dynamo traced warns, once, at a
-larger call whose predicted peak passes it; a fraction budget is not watched.
+"""SizeWatch: a byte memory_budget planned at the sizes Dynamo traced is planned again at
+a larger call whose predicted peak passes it, and the step there keeps within the budget;
+where even the new sizes' lowest peak is above the budget, the planner warns and the watch
+stops; a fraction budget is not watched.
 
 An MLP whose activations outweigh its weights at the traced batch (256 rows), compiled
 with ``dynamic=True``, so one graph serves every batch size."""
 
+import logging
 import warnings
 
 import pytest
@@ -11,7 +14,11 @@ import torch
 from torch import nn
 
 import fxopt
+from fxopt.pipeline import PassFailure
 from fxopt.planner.size_watch import traced_sizes
+from fxopt.profile import profile_memory
+
+LARGE = 2048  # rows: 8x the traced batch
 
 
 def _mlp():
@@ -29,29 +36,99 @@ def _steps(compiled, batches):
     return [str(w.message) for w in caught if str(w.message).startswith("fxopt")]
 
 
-def _compiled(budget):
-    backend = fxopt.backend(codegen="fx", memory_budget=budget)
-    return backend, torch.compile(_mlp(), backend=backend, dynamic=True)
+def _compiled(budget, dynamic=True, strict=False):
+    torch.compiler.reset()
+    backend = fxopt.backend(codegen="fx", memory_budget=budget, strict=strict)
+    return backend, torch.compile(_mlp(), backend=backend, dynamic=dynamic)
 
 
-def test_a_larger_call_whose_predicted_peak_passes_the_byte_budget_warns_once():
-    backend, compiled = _compiled("1GiB")
-    _steps(compiled, [256])
-    planned = backend.graphs[0].pass_records("swap_recompute")[0].stats["peak_after"]
+def _replans(caplog):
+    """SizeWatch's log lines: one per graph planned again."""
+    return [r.getMessage() for r in caplog.records if r.name == "fxopt.planner.size_watch"]
 
-    backend, compiled = _compiled(int(planned * 1.3))  # room for 30% more at 256 rows
-    assert _steps(compiled, [256, 100, 270]) == []  # within the budget as predicted
-    (message,) = _steps(compiled, [2048, 4096])     # 8x the rows: above it, said once
-    assert "planned for graph g" in message
-    assert "at the sizes Dynamo traced (args[0].size(0)=256, a predicted peak of" in message
-    assert "this call has args[0].size(0)=2048, where the same plan is predicted" in message
-    assert "dynamic=True with the largest batch first" in message
-    assert len(backend.graphs) == 1  # one compile served every size
+
+def _planned_peak(backend):
+    (graph,) = backend.graphs
+    return graph.pass_records("swap_recompute")[0].stats["peak_after"]
+
+
+@pytest.fixture(scope="module")
+def keep_all_and_floor():
+    """The predicted peaks at LARGE rows, compiled there, of the plan that keeps everything
+    and of the lowest one reachable (a budget below it warns)."""
+    backend, compiled = _compiled("1GiB", dynamic=False)
+    _steps(compiled, [LARGE])
+    keep_all = _planned_peak(backend)
+    backend, compiled = _compiled("1MiB", dynamic=False)
+    (said,) = _steps(compiled, [LARGE])
+    assert "the lowest predicted peak reachable is" in said
+    return keep_all, _planned_peak(backend)
+
+
+def test_a_larger_call_whose_predicted_peak_passes_the_byte_budget_is_planned_again(
+        keep_all_and_floor, caplog):
+    keep_all, floor = keep_all_and_floor
+    budget = (keep_all + floor) // 2  # at 256 rows, room to keep everything; not at LARGE
+    backend, compiled = _compiled(budget)
+    assert _steps(compiled, [256, 100, 270]) == []
+    (graph,) = backend.graphs
+    assert graph.planned_at == {}  # planned at the sizes Dynamo traced, kept everything
+    assert not graph.pass_records("swap_recompute")[0].verdicts.matched
+
+    model = compiled._orig_mod
+    with caplog.at_level(logging.INFO, logger="fxopt.planner.size_watch"):
+        profile = profile_memory(compiled, (torch.randn(LARGE, 16),), steps=1, warmup=1)
+    (message,) = _replans(caplog)
+    assert "at args[0].size(0)=256" in message and f"this call has args[0].size(0)={LARGE}" \
+        in message and "planning it again at these sizes" in message
+    (graph,) = backend.graphs
+    (symbol,) = graph.planned_at
+    assert graph.planned_at == {symbol: LARGE}
+    record = graph.pass_records("swap_recompute")[0]
+    assert record.verdicts.matched["recompute"].count > 0  # the new plan recomputes
+    assert record.stats["peak_after"] <= budget < keep_all
+    assert profile.peak_bytes <= budget  # measured: the step at LARGE keeps within it
+
+    # smaller and equal calls run the new plan as it is; gradients are eager's
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fxopt.planner.size_watch"):
+        assert _steps(compiled, [256, LARGE, 1000]) == []
+    assert _replans(caplog) == [] and backend.graphs == [graph]
+    x = torch.randn(LARGE + 3, 16)
+    eager = _mlp()
+    eager(x).sum().backward()
+    model.zero_grad()
+    compiled(x).sum().backward()
+    for ours, theirs in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+
+
+def test_a_larger_call_below_every_plan_warns_once_and_stops_watching(keep_all_and_floor):
+    _, floor = keep_all_and_floor
+    backend, compiled = _compiled(floor // 4)  # room at 256 rows; no plan's at LARGE
+    assert _steps(compiled, [256]) == []
+    (said,) = _steps(compiled, [LARGE, 2 * LARGE])
+    assert "cannot fit" in said and "the lowest predicted peak reachable is" in said
+    (graph,) = backend.graphs
+    assert list(graph.planned_at.values()) == [LARGE]  # once, not again at 2 * LARGE
+
+
+def test_under_strict_a_larger_call_below_every_plan_raises(keep_all_and_floor):
+    _, floor = keep_all_and_floor
+    backend, compiled = _compiled(floor // 4, strict=True)
+    assert _steps(compiled, [256]) == []
+    with pytest.raises(PassFailure, match="the lowest predicted peak reachable is") as error:
+        _steps(compiled, [LARGE])
+    assert error.value.__notes__ == [
+        f"fxopt: graph {backend.graphs[0].name} was being planned again for a call with "
+        f"args[0].size(0)={LARGE}, "
+        "larger than the sizes it was planned at (args[0].size(0)=256)"]
 
 
 def test_a_fraction_budget_is_not_watched():
-    _, compiled = _compiled(0.5)
+    backend, compiled = _compiled(0.5)
     assert _steps(compiled, [256, 4096]) == []
+    assert backend.graphs[0].planned_at == {}
 
 
 @pytest.mark.parametrize("source, readable", [
