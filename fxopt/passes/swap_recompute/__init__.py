@@ -208,7 +208,8 @@ def _peak_stats(budget: MemoryBudget | None, problem: StepProblem, plan: Plan
     return {
         "budget": str(budget if budget is not None else f"{plan.budget_bytes} bytes"),
         "budget_bytes": plan.budget_bytes,
-        "peak_before": problem.keep_all_peak_bytes, "peak_after": plan.predictions["peak_bytes"],
+        "peak_before": plan.predictions["keep_all_peak_bytes"],
+        "peak_after": plan.predictions["peak_bytes"],
         "feasible": plan.feasible, "solver": plan.solver,
         "kept": len(problem.activations.activations) - len(plan.actions),
         "added_ms": round(plan.predictions["added_seconds"] * 1e3, 4),
