@@ -49,11 +49,9 @@ from fxopt.pipeline import (
     removed_saved_bytes,
     run_stage,
 )
-from fxopt.planner.hardware import profile_for
 from fxopt.planner.ledger import BudgetLedger, Replannable
 from fxopt.planner.plan import load_plans
 from fxopt.planner.size_watch import SizeWatch, traced_sizes
-from fxopt.planner.symbolic import symbolic_step
 
 __all__ = ["Backend", "GraphRecord", "StrictCompileError", "backend", "fxopt_backend"]
 
@@ -221,23 +219,32 @@ class Backend:
         again at a larger call whose predicted peak passes the budget
         (:class:`~fxopt.planner.size_watch.SizeWatch`); any other graph as compiled."""
         budget = compiler.options.memory_budget
-        if budget is None or budget.bytes is None or compiler.num_fwd_outputs is None:
+        if budget is None or budget.bytes is None:
             return compiled
+        bound = budget.bytes - int(budget.bytes * compiler.codegen.peak_margin)
         planned = _planned_peak(compiler.record)
-        joint = compiler.record.graphs.get("joint")
         sizes = traced_sizes(gm, example_inputs)
-        if planned is None or joint is None or not sizes:
+        if planned is None or planned > bound or not sizes:  # no plan, or one that warned
             return compiled
-        num_fwd_outputs, hardware = compiler.num_fwd_outputs, profile_for(compiler.device)
         recompile = self._replanner(gm, compiler.options, index)
+
+        def predict(planned_sizes: dict[str, int]) -> int | None:
+            record = self.graphs[index]  # as compiled now, planned again or not
+            forward, backward = record.graphs.get("forward"), record.graphs.get("backward")
+            if forward is None or backward is None:
+                return None
+            with _compat.sizes_planned_at(planned_sizes):
+                estimate = _report_only(lambda fw: estimate_step_memory(
+                    fw, backward, codegen=record.codegen), forward)
+            return None if estimate is None else estimate.peak_bytes
 
         def replan(inputs: list[Any], planned_sizes: dict[str, int]
                    ) -> tuple[Callable[..., Any], int | None]:
             again, again_compiler = recompile(inputs, planned_sizes)
             return again, _planned_peak(again_compiler.record)
 
-        return SizeWatch(compiled, compiler.record.name, budget.bytes, sizes, planned,
-                         lambda: symbolic_step(joint, num_fwd_outputs, hardware), replan)
+        return SizeWatch(compiled, compiler.record.name, budget.bytes, bound, sizes, predict,
+                         replan)
 
 
 def _planned_peak(record: GraphRecord) -> int | None:

@@ -4,21 +4,23 @@ Under dynamic shapes (``dynamic=True``, or Dynamo's automatic dynamic once a bat
 changed) a graph is compiled once for every size, and fxopt plans it at its size symbols'
 hints: the sizes of the call that compiled it. A byte budget bounds the step's predicted
 peak at those sizes. A later call with larger sizes (a longer sequence) runs the same plan,
-and its peak grows with them: a Llama (2 x 128, vocabulary 32000, batch 4) planned within
-104 MiB at 32 tokens peaked at 137 MiB at 128. :class:`SizeWatch` wraps such a graph; at a
-call with a size above the planned one it predicts the plan's peak there (the planned peak
-scaled as the graph's symbolic memory model, :mod:`fxopt.planner.symbolic`, scales between
-the two sizes) and, where that is above the budget, plans the graph again at the call's
-sizes (on the values Dynamo traced it with, the same symbols: it still serves every size)
-before running it. A plan is made again only at a step predicted to peak above the
-planned one's, so plans only follow larger steps, never back and forth; where the budget
-cannot be met at the new sizes the planner warns as at any compile, and the watch stops.
-A fraction budget bounds saved bytes against each step's own (plain autograd's at that
-size), so it is not watched.
+and its peak grows with them: a Llama (2 x 128, vocabulary 32000, batch 4, drop_logits)
+planned within 95 MiB at 128 tokens peaked at 96.1 MiB at 512. :class:`SizeWatch` wraps
+such a graph. At a call with a size above the planned one it predicts the compiled step's
+peak there (the memory model explain shows, :func:`fxopt.analysis.memory.
+estimate_step_memory`, of the graphs as compiled, read at the call's sizes through
+:func:`fxopt._compat.sizes_planned_at`) and, where that is above the plan's bound (the
+budget less the code generator's margin), plans the graph again at those sizes (on the
+values Dynamo traced it with, the same symbols: it still serves every size) before running
+it. A plan is made at sizes that only grow, each the largest seen in its dimension, so
+plans never go back and forth; where the budget cannot be met at the new sizes the planner
+warns as at any compile (raises under ``strict``), and the watch stops. A fraction budget
+bounds saved bytes against each step's own (plain autograd's at that size), so it is not
+watched.
 
 Dynamo passes a graph's size symbols as int arguments (the backend's example inputs hold
-them as SymInts), so a call of sizes already seen costs a few int comparisons; the symbolic
-model is built at the first larger call, a fraction of a second for a small transformer.
+them as SymInts), so a call of sizes already seen costs a few int comparisons; the step is
+simulated once for each larger size seen, a fraction of a second for a small transformer.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import torch
 import torch.fx as fx
 
 from fxopt import _compat
-from fxopt.planner.symbolic import SymbolicStep
 from fxopt.units import format_mib
 
 __all__ = ["SizeWatch", "traced_sizes"]
@@ -61,29 +62,26 @@ def _readable(source: str | None, symbol: torch.SymInt) -> str:
 
 
 class SizeWatch:
-    """A compiled graph of symbolic sizes planned under a byte budget (``budget_bytes``)
-    at ``sizes`` (:func:`traced_sizes`), its plan's predicted peak there
-    ``planned_peak_bytes``; ``model`` builds the graph's symbolic step (called once, at
-    the first call with a larger size); ``replan(args, sizes)`` compiles the graph again,
-    planned at ``sizes`` (symbol -> size), and returns it with its plan's predicted peak
-    (None: no plan). Called as Dynamo calls what a backend returns."""
+    """A compiled graph of symbolic sizes planned under a byte budget at ``sizes``
+    (:func:`traced_sizes`); ``bound_bytes`` is what its plan's predicted peak is held to
+    (``budget_bytes`` less the code generator's margin). ``predict(sizes)`` is the compiled
+    step's predicted peak at ``sizes`` (symbol -> size; None before its backward is
+    compiled); ``replan(args, sizes)`` compiles the graph again, planned at ``sizes``, and
+    returns it with its plan's predicted peak (None: no plan made). Called as Dynamo calls
+    what a backend returns."""
 
     def __init__(self, compiled: Callable[..., Any], graph: str, budget_bytes: int,
-                 sizes: dict[int, tuple[str, str, int]], planned_peak_bytes: int,
-                 model: Callable[[], SymbolicStep],
+                 bound_bytes: int, sizes: dict[int, tuple[str, str, int]],
+                 predict: Callable[[dict[str, int]], int | None],
                  replan: Callable[[list[Any], dict[str, int]],
                                   tuple[Callable[..., Any], int | None]]) -> None:
         self.compiled = compiled
         self.graph = graph
         self.budget_bytes = budget_bytes
-        # None: not watched (a plan above the budget: more sizes cannot bring it within)
-        self.sizes: dict[int, tuple[str, str, int]] | None = (
-            sizes if planned_peak_bytes <= budget_bytes else None)
-        self.planned_peak_bytes = planned_peak_bytes
-        self._model = model
+        self.bound_bytes = bound_bytes
+        self.sizes: dict[int, tuple[str, str, int]] | None = sizes  # None: not watched
+        self._predict = predict
         self._replan = replan
-        self._built: SymbolicStep | None = None
-        self._planned_model_peak = 1.0  # the symbolic model's peak at the planned sizes
         self._fitting: set[tuple[int, ...]] = set()  # larger sizes predicted within
 
     def __call__(self, *args: Any) -> Any:
@@ -95,47 +93,39 @@ class SizeWatch:
                 self._check(values, args)
         return self.compiled(*args)
 
-    def predicted_peak_bytes(self, values: tuple[int, ...]) -> int:
-        """The plan's predicted peak at these sizes (one per watched argument)."""
-        if self._built is None:
-            self._built = self._model()
-            self._planned_model_peak = self._model_peak(
-                tuple(planned for _, _, planned in self.sizes.values()))
-        return int(self.planned_peak_bytes * self._model_peak(values)
-                   / self._planned_model_peak)
+    def _by_symbol(self, values: tuple[int, ...]) -> dict[str, int]:
+        return {symbol: v for (_, symbol, _), v in zip(self.sizes.values(), values, strict=True)
+                if isinstance(v, int)}
 
-    def _model_peak(self, values: tuple[int, ...]) -> float:
-        symbols = {symbol: v for (_, symbol, _), v in zip(self.sizes.values(), values,
-                                                          strict=True)
-                   if symbol in self._built.symbols and isinstance(v, int)}
-        return max(float(self._built.peak_bytes(**symbols)[0]), 1.0)
+    def _named(self, values: tuple[int, ...]) -> str:
+        return ", ".join(f"{name}={v}" for (name, _, _), v in
+                         zip(self.sizes.values(), values, strict=True))
 
     def _check(self, values: tuple[int, ...], args: tuple[Any, ...]) -> None:
-        predicted = self.predicted_peak_bytes(values)
-        if predicted <= self.budget_bytes:
+        predicted = self._predict(self._by_symbol(values))
+        if predicted is None:  # not trained yet: nothing compiled to predict from
+            return
+        if predicted <= self.bound_bytes:
             self._fitting.add(values)
             return
-        planned = ", ".join(f"{name}={size}" for name, _, size in self.sizes.values())
-        now = ", ".join(f"{name}={v}" for (name, _, size), v in
-                        zip(self.sizes.values(), values, strict=True) if v != size)
-        log.info("fxopt: graph %s was planned within memory_budget %s MiB at %s (a "
-                 "predicted peak of %s MiB); this call has %s, where that plan is predicted "
-                 "to peak at %s MiB: planning it again at these sizes", self.graph,
-                 format_mib(self.budget_bytes), planned, format_mib(self.planned_peak_bytes),
-                 now, format_mib(predicted))
+        planned = tuple(size for _, _, size in self.sizes.values())
+        # the sizes the new plan is made at: each dimension's largest so far
+        at = tuple(max(v, size) if isinstance(v, int) else size
+                   for v, size in zip(values, planned, strict=True))
+        log.info("fxopt: graph %s was planned within memory_budget %s MiB at %s; this call "
+                 "has %s, where that plan is predicted to peak at %s MiB: planning it again "
+                 "at %s", self.graph, format_mib(self.budget_bytes), self._named(planned),
+                 self._named(values), format_mib(predicted), self._named(at))
         try:
-            self.compiled, peak = self._replan(
-                list(args), {symbol: v for (_, symbol, _), v in
-                             zip(self.sizes.values(), values, strict=True)})
+            self.compiled, peak = self._replan(list(args), self._by_symbol(at))
         except Exception as exc:  # strict: the planner's error, at this call
             exc.add_note(f"fxopt: graph {self.graph} was being planned again for a call "
-                         f"with {now}, larger than the sizes it was planned at ({planned})")
+                         f"with {self._named(values)}, larger than the sizes it was planned "
+                         f"at ({self._named(planned)})")
             raise
-        if peak is None or peak > self.budget_bytes:  # the planner said why (it warns)
+        if peak is None or peak > self.bound_bytes:  # the planner said why (it warns)
             self.sizes = None
             return
         self.sizes = {i: (name, symbol, v) for (i, (name, symbol, _)), v in
-                      zip(self.sizes.items(), values, strict=True)}
-        self.planned_peak_bytes = peak
-        self._planned_model_peak = self._model_peak(values)
+                      zip(self.sizes.items(), at, strict=True)}
         self._fitting.clear()  # predictions made for the plan replaced
