@@ -167,6 +167,10 @@ def _plan(args: argparse.Namespace) -> int:
         frontier = pareto_frontier(problem.activations, points=args.points,
                                    time_limit=args.time_limit, step_seconds=problem.step_seconds)
         print(frontier.table())
+        if codegen.partitions_by_min_cut and problem.simulate is not None:
+            print(f"(the keep-all peak and the frontier are the joint graph's timeline model; "
+                  f"Inductor's min-cut recomputes what it fuses, and its step with nothing "
+                  f"recomputed simulates to {format_bytes(problem.simulate({}))})")
         plan = None
         if budget is not None:
             plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
@@ -187,8 +191,11 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"budget {budget}: {reached}, +"
                   f"{1e3 * plan.predictions['added_seconds']:.3f} ms, {len(plan.actions)} "
                   f"tensors not kept{'' if plan.feasible else ', OVER BUDGET'}")
-            lowest_peak = min((p.peak_bytes for p in frontier.points), default=None)
-            print(plan.table(None if "fraction" in plan.extra else lowest_peak))
+            # the frontier's floor is the timeline model's: not the compiled step's under
+            # Inductor's min-cut (the note above)
+            lowest_peak = None if "fraction" in plan.extra or codegen.partitions_by_min_cut \
+                else min((p.peak_bytes for p in frontier.points), default=None)
+            print(plan.table(lowest_peak))
             plans.append(plan)
         png = args.png or (args.save and Path(args.save).with_suffix(".frontier.png"))
         if png:
