@@ -1,11 +1,13 @@
 """SizeWatch: a byte memory_budget planned at the sizes Dynamo traced is planned again at
-a larger call whose predicted peak passes it, and the step there keeps within the budget;
+a larger call whose predicted peak passes it, and the step there keeps within the budget
+(under fx and Inductor code generation);
 where even the new sizes' lowest peak is above the budget, the planner warns and the watch
 stops; a fraction budget is not watched.
 
 An MLP whose activations outweigh its weights at the traced batch (256 rows), compiled
 with ``dynamic=True``, so one graph serves every batch size."""
 
+import functools
 import logging
 import warnings
 
@@ -36,9 +38,9 @@ def _steps(compiled, batches):
     return [str(w.message) for w in caught if str(w.message).startswith("fxopt")]
 
 
-def _compiled(budget, dynamic=True, strict=False):
+def _compiled(budget, dynamic=True, strict=False, codegen="fx"):
     torch.compiler.reset()
-    backend = fxopt.backend(codegen="fx", memory_budget=budget, strict=strict)
+    backend = fxopt.backend(codegen=codegen, memory_budget=budget, strict=strict)
     return backend, torch.compile(_mlp(), backend=backend, dynamic=dynamic)
 
 
@@ -52,24 +54,30 @@ def _planned_peak(backend):
     return graph.pass_records("swap_recompute")[0].stats["peak_after"]
 
 
-@pytest.fixture(scope="module")
-def keep_all_and_floor():
+@functools.cache
+def _keep_all_and_floor(codegen):
     """The predicted peaks at LARGE rows, compiled there, of the plan that keeps everything
     and of the lowest one reachable (a budget below it warns)."""
-    backend, compiled = _compiled("1GiB", dynamic=False)
+    backend, compiled = _compiled("1GiB", dynamic=False, codegen=codegen)
     _steps(compiled, [LARGE])
     keep_all = _planned_peak(backend)
-    backend, compiled = _compiled("1MiB", dynamic=False)
+    backend, compiled = _compiled("1MiB", dynamic=False, codegen=codegen)
     (said,) = _steps(compiled, [LARGE])
     assert "the lowest predicted peak reachable is" in said
     return keep_all, _planned_peak(backend)
 
 
+@pytest.fixture
+def keep_all_and_floor():
+    return _keep_all_and_floor("fx")
+
+
+@pytest.mark.parametrize("codegen", ["fx", "inductor"])
 def test_a_larger_call_whose_predicted_peak_passes_the_byte_budget_is_planned_again(
-        keep_all_and_floor, caplog):
-    keep_all, floor = keep_all_and_floor
+        codegen, caplog):
+    keep_all, floor = _keep_all_and_floor(codegen)
     budget = (keep_all + floor) // 2  # at 256 rows, room to keep everything; not at LARGE
-    backend, compiled = _compiled(budget)
+    backend, compiled = _compiled(budget, codegen=codegen)
     assert _steps(compiled, [256, 100, 270]) == []
     (graph,) = backend.graphs
     assert graph.planned_at == {}  # planned at the sizes Dynamo traced, kept everything
@@ -100,7 +108,12 @@ def test_a_larger_call_whose_predicted_peak_passes_the_byte_budget_is_planned_ag
     model.zero_grad()
     compiled(x).sum().backward()
     for ours, theirs in zip(model.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(ours.grad, theirs.grad)
+        if codegen == "fx":
+            torch.testing.assert_close(ours.grad, theirs.grad)
+        else:  # Inductor's kernels sum the 2051 rows in another order than eager's: fp32
+            # rounding of sums over <= 2**11 terms, relative to the largest entry
+            limit = torch.finfo(torch.float32).eps * 2**11 * float(theirs.grad.abs().max())
+            assert float((ours.grad - theirs.grad).abs().max()) <= limit
 
 
 def test_a_larger_call_below_every_plan_warns_once_and_stops_watching(keep_all_and_floor):
