@@ -31,9 +31,9 @@ import torch.fx as fx
 from fxopt import _compat
 from fxopt.config import Options
 
-__all__ = ["Codegen", "FX", "INDUCTOR", "as_codegen", "graph_device", "resolve_codegen",
-           "BYTES_EVIDENCE", "CUDA_EVIDENCE", "FRACTION_EVIDENCE", "PEAK_EVIDENCE",
-           "TEMPO_EVIDENCE"]
+__all__ = ["Codegen", "FX", "INDUCTOR", "as_codegen", "graph_device", "peak_target",
+           "resolve_codegen", "BYTES_EVIDENCE", "CUDA_EVIDENCE", "FRACTION_EVIDENCE",
+           "PEAK_EVIDENCE", "TEMPO_EVIDENCE"]
 
 # the measurements each choice of "auto" rests on, named in its reason
 CUDA_EVIDENCE = "benchmarks/results/gpu_h100_2026-11-26.md"
@@ -44,6 +44,13 @@ TEMPO_EVIDENCE = "benchmarks/results/inductor_budgets_cpu.md"
 # Codegen.peak_margin under Inductor: above the largest excess of its measured peak over
 # the simulated one in BYTES_EVIDENCE
 INDUCTOR_PEAK_MARGIN = 0.05
+
+
+def peak_target(bound_bytes: int, margin: float) -> int:
+    """The simulated peak a byte bound holds a plan to: the bound less the code generator's
+    margin (:attr:`Codegen.peak_margin`), for the planner, the fused loss's pieces and the
+    re-plan of a larger call alike."""
+    return bound_bytes - int(bound_bytes * margin)
 
 
 @dataclass(frozen=True)

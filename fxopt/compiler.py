@@ -36,7 +36,7 @@ from fxopt.analysis.memory import (
     estimate_joint_memory,
     estimate_step_memory,
 )
-from fxopt.codegen import FX, Codegen, graph_device, resolve_codegen
+from fxopt.codegen import FX, Codegen, graph_device, peak_target, resolve_codegen
 from fxopt.config import Options
 from fxopt.passes import PIPELINE, GraphKind, PassContext, Stage
 from fxopt.passes.base import ACTIVATION_INPUTS, REMOVED_SAVED_BYTES, activation_inputs
@@ -221,7 +221,7 @@ class Backend:
         budget = compiler.options.memory_budget
         if budget is None or budget.bytes is None:
             return compiled
-        bound = budget.bytes - int(budget.bytes * compiler.codegen.peak_margin)
+        bound = peak_target(budget.bytes, compiler.codegen.peak_margin)
         planned = _planned_peak(compiler.record)
         sizes = traced_sizes(gm, example_inputs)
         if planned is None or planned > bound or not sizes:  # no plan, or one that warned
@@ -309,11 +309,11 @@ class _GraphCompiler:
                  plain_baseline: bool = False, budget_ledger: BudgetLedger | None = None,
                  planned_sizes: dict[str, int] | None = None) -> None:
         self.options = options
-        # symbol -> size to plan at instead of the trace's (compile and the lazy backward)
-        self.planned_sizes = planned_sizes or {}
         self.plain_baseline = plain_baseline
         self.budget_ledger = budget_ledger
-        self.record = GraphRecord(name=name, options=options, planned_at=self.planned_sizes)
+        # planned_at: symbol -> size to plan at instead of the trace's (for the compile and
+        # the lazily compiled backward)
+        self.record = GraphRecord(name=name, options=options, planned_at=planned_sizes or {})
         self.instruments = instruments + _debug_instruments(options)
         self.device = torch.device("cpu")
         self.codegen = FX  # resolved for the graph's device in compile()
@@ -329,7 +329,7 @@ class _GraphCompiler:
         self.codegen = self.record.codegen = resolve_codegen(self.options, self.device)
         self.record.dynamo_nodes = len(gm.graph.nodes)
         try:
-            with _compat.sizes_planned_at(self.planned_sizes):
+            with _compat.sizes_planned_at(self.record.planned_at):
                 compiled = self._compile_stages(gm, example_inputs)
         except (PassFailure, config.OptionError):
             raise  # strict, or an option that cannot be honoured: already explained
@@ -441,7 +441,7 @@ class _GraphCompiler:
                     else estimate_step_memory(forward, g, codegen=codegen))
 
         ctx = self._context(Stage.BACKWARD, GraphKind.BACKWARD, example_inputs, estimate)
-        with _compat.sizes_planned_at(self.planned_sizes):  # compiled at the first backward
+        with _compat.sizes_planned_at(self.record.planned_at):  # compiled at the first backward
             compiled = self._finish(Stage.BACKWARD, gm, ctx, example_inputs)
             self.record.memory["fxopt"] = _report_only(estimate,
                                                          self.record.graphs["backward"])

@@ -1,4 +1,5 @@
-"""Small models shared by the tests: an MLP, a GPT-style block, a conv net, an LSTM, an
+"""Small models shared by the tests: an MLP (and a wide one a byte budget bites on), a
+GPT-style block, a conv net, an LSTM, an
 ``nn.LSTM``/``nn.GRU`` language model with its loss (and its tokens), an LM head whose
 loss a test writes, and a wrapper that
 runs a model under bf16 autocast; ``seeded_step``, one measured training step;
@@ -103,6 +104,14 @@ def deep_mlp() -> nn.Module:
     torch.manual_seed(0)
     layers = [m for _ in range(4) for m in (nn.Linear(48, 48), nn.GELU())]
     return nn.Sequential(*layers, nn.Linear(48, 5))
+
+
+def wide_mlp() -> nn.Module:
+    """Linear 16 -> 256 -> 256 -> 4 with GELUs: at a few hundred rows its activations
+    outweigh its weights, so a byte budget has something to recompute."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                         nn.Linear(256, 4))
 
 
 class LMHead(nn.Module):

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 __all__ = ["size_hint", "sizes_planned_at"]
-
-log = logging.getLogger(__name__)
 
 # symbol name -> the size to plan at, inside sizes_planned_at
 _planned_sizes: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVar(

@@ -59,6 +59,7 @@ import torch.fx as fx
 from fxopt import _compat
 from fxopt.analysis.memory import MemoryEstimate
 from fxopt.analysis.workspace import workspace_bytes
+from fxopt.codegen import peak_target
 from fxopt.kernels import fuse_linear_cross_entropy as _ops
 from fxopt.kernels import fuse_linear_cross_entropy_with_grads as _with_grads
 from fxopt.passes.base import PassContext, PassResult, Stage, Verdicts
@@ -246,7 +247,7 @@ def _budget_target(ctx: PassContext) -> int:
     budget = ctx.options.memory_budget
     if budget is None or budget.bytes is None:
         return 0
-    return budget.bytes - int(budget.bytes * ctx.codegen.peak_margin)
+    return peak_target(budget.bytes, ctx.codegen.peak_margin)
 
 
 def _fewest_pieces(op: _Op, default: int, fits: Callable[[int], bool]) -> int:

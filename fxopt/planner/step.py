@@ -44,6 +44,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fxopt.codegen import peak_target
 from fxopt.config import MemoryBudget, OptionError
 from fxopt.planner.activations import ActivationProblem, Decision, evaluate
 from fxopt.planner.hardware import HardwareProfile
@@ -262,7 +263,7 @@ def _peak_plan(problem: StepProblem, budget: MemoryBudget | None, hardware: Hard
     else:
         bound = (replay.budget_bytes if replay is not None else None) \
             or problem.keep_all_peak_bytes
-    target = bound - int(bound * problem.peak_margin)  # the simulated peak's bound
+    target = peak_target(bound, problem.peak_margin)
     activations = dataclasses.replace(problem.activations, budget_bytes=target)
     simulated = None
     keep_all = problem.keep_all_peak_bytes

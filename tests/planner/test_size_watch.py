@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
+from models import wide_mlp
 
 import fxopt
 from fxopt.pipeline import PassFailure
@@ -21,12 +21,6 @@ from fxopt.planner.size_watch import traced_sizes
 from fxopt.profile import profile_memory
 
 LARGE = 2048  # rows: 8x the traced batch
-
-
-def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
-                         nn.Linear(256, 4))
 
 
 def _steps(compiled, batches):
@@ -41,7 +35,7 @@ def _steps(compiled, batches):
 def _compiled(budget, dynamic=True, strict=False, codegen="fx"):
     torch.compiler.reset()
     backend = fxopt.backend(codegen=codegen, memory_budget=budget, strict=strict)
-    return backend, torch.compile(_mlp(), backend=backend, dynamic=dynamic)
+    return backend, torch.compile(wide_mlp(), backend=backend, dynamic=dynamic)
 
 
 def _replans(caplog):
@@ -103,7 +97,7 @@ def test_a_larger_call_whose_predicted_peak_passes_the_byte_budget_is_planned_ag
         assert _steps(compiled, [256, LARGE, 1000]) == []
     assert _replans(caplog) == [] and backend.graphs == [graph]
     x = torch.randn(LARGE + 3, 16)
-    eager = _mlp()
+    eager = wide_mlp()
     eager(x).sum().backward()
     model.zero_grad()
     compiled(x).sum().backward()

@@ -7,7 +7,7 @@ recompute what the compiled step never needed; now it keeps everything, and the 
 peak is within the budget."""
 
 import torch
-from torch import nn
+from models import wide_mlp
 
 import fxopt
 from fxopt.codegen import INDUCTOR_PEAK_MARGIN
@@ -16,18 +16,12 @@ from fxopt.profile import profile_memory
 ROWS = 2048
 
 
-def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
-                         nn.Linear(256, 4))
-
-
 def _step(budget):
     """The measured step peak, swap_recompute's stats under ``budget`` and the joint
     graph's keep-all peak (plain autograd's, as the compiler predicts it)."""
     torch.compiler.reset()
     backend = fxopt.backend(codegen="inductor", memory_budget=budget, strict=True)
-    compiled = torch.compile(_mlp(), backend=backend)
+    compiled = torch.compile(wide_mlp(), backend=backend)
     profile = profile_memory(compiled, (torch.randn(ROWS, 16),), steps=1, warmup=1)
     (graph,) = backend.graphs
     return (profile.peak_bytes, graph.pass_records("swap_recompute")[0].stats,
