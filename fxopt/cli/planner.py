@@ -167,14 +167,17 @@ def _plan(args: argparse.Namespace) -> int:
         frontier = pareto_frontier(problem.activations, points=args.points,
                                    time_limit=args.time_limit, step_seconds=problem.step_seconds)
         print(frontier.table())
+        plan = None if budget is None else plan_step(
+            problem, budget, hardware, time_limit=args.time_limit, ledger=ledger,
+            share_bytes=shares[index])
         if codegen.partitions_by_min_cut and problem.simulate is not None:
+            # a byte plan has simulated the step with nothing recomputed already
+            simulated = plan.predictions["keep_all_peak_bytes"] \
+                if plan is not None and "fraction" not in plan.extra else problem.simulate({})
             print(f"(the keep-all peak and the frontier are the joint graph's timeline model; "
                   f"Inductor's min-cut recomputes what it fuses, and its step with nothing "
-                  f"recomputed simulates to {format_bytes(problem.simulate({}))})")
-        plan = None
-        if budget is not None:
-            plan = plan_step(problem, budget, hardware, time_limit=args.time_limit,
-                             ledger=ledger, share_bytes=shares[index])
+                  f"recomputed simulates to {format_bytes(int(simulated))})")
+        if plan is not None:
             if "fraction" in plan.extra and codegen.partitions_by_min_cut:
                 print("Inductor's budgeted min-cut meets the fraction at the partition "
                       "(compilation's explain shows what it keeps); below: fxopt's plan, "

@@ -60,3 +60,47 @@ def test_a_plan_the_simulation_puts_over_the_budget_is_tightened_until_it_fits(p
     assert plan.feasible
     assert plan.predictions["peak_bytes"] == simulate(plan.actions) <= budget
     assert plan.predictions["model_peak_bytes"] <= budget - excess
+
+
+def test_an_unmet_budget_with_nothing_to_recompute_reports_the_simulated_step():
+    """Where no plan lowers the peak, the plan (and the warning) name the compiled step's
+    simulated peak, not the joint graph's keep-all: under Inductor the two differ (a Llama
+    with ``drop_logits`` at 256 tokens: 72.52 MiB simulated and measured, 83.39 MiB by the
+    joint graph, which the warning once called the lowest peak reachable)."""
+    joint = capture_joints(torch.nn.Linear(8, 4), (torch.randn(6, 8),))[0]
+    _, problem = step_problem(joint.gm, joint.num_fwd_outputs, profile_for("cpu"))
+    assert not problem.activations.activations  # only inputs are saved: nothing recomputes
+    simulated_keep_all = problem.keep_all_peak_bytes - 64
+    checked = dataclasses.replace(problem, simulate=lambda actions: simulated_keep_all)
+    budget = simulated_keep_all - 32
+    with pytest.warns(UserWarning, match=rf"lowest predicted peak reachable is .* "
+                                         rf"\({simulated_keep_all} bytes"):
+        plan = plan_step(checked, MemoryBudget(bytes=budget), profile_for("cpu"))
+    assert not plan.actions and not plan.feasible
+    assert plan.predictions["peak_bytes"] == simulated_keep_all
+    assert plan.predictions["keep_all_peak_bytes"] == simulated_keep_all
+
+
+def test_a_pessimistic_model_is_loosened_to_a_cheaper_plan_the_simulation_fits(planned):
+    """Under Inductor the timeline model can put a plan ``gap`` bytes above what the step
+    simulates (its partition recomputes what it fuses); the plan is then the one the model
+    would take at the bound plus that gap, not the model's own, which recomputes more."""
+    _, _, problem = planned
+    model = dataclasses.replace(problem, simulate=None)
+    lowest = int(quiet_plan(model, MemoryBudget(bytes=1), profile_for("cpu"))
+                 .predictions["peak_bytes"])
+    gap = (problem.keep_all_peak_bytes - lowest) // 4
+
+    def simulate(actions):  # a simulation that sees `gap` less than the model
+        return peak_bytes(problem.activations, actions) - gap
+
+    budget = lowest + gap // 4
+    strict_model = plan_step(model, MemoryBudget(bytes=budget), profile_for("cpu"))
+    at_the_gap = plan_step(model, MemoryBudget(bytes=budget + gap), profile_for("cpu"))
+    assert at_the_gap.predictions["added_seconds"] < strict_model.predictions["added_seconds"]
+
+    checked = dataclasses.replace(problem, simulate=simulate)
+    plan = plan_step(checked, MemoryBudget(bytes=budget), profile_for("cpu"))
+    assert plan.feasible and plan.actions == at_the_gap.actions
+    assert plan.predictions["peak_bytes"] == simulate(plan.actions) <= budget
+    assert "loosened" in plan.status
