@@ -104,3 +104,19 @@ def test_a_pessimistic_model_is_loosened_to_a_cheaper_plan_the_simulation_fits(p
     assert plan.feasible and plan.actions == at_the_gap.actions
     assert plan.predictions["peak_bytes"] == simulate(plan.actions) <= budget
     assert "loosened" in plan.status
+
+
+def test_a_plan_the_simulation_puts_no_lower_than_keeping_everything_recomputes_nothing(
+        planned):
+    """A budget out of reach where the step's simulation peaks the same whatever is
+    recomputed (transformers' loss graph under Inductor, where the partition's own
+    recomputation sets the peak): the plan keeps everything instead of paying for a
+    recomputation that lowers nothing."""
+    _, _, problem = planned
+    flat = dataclasses.replace(problem, simulate=lambda actions: problem.keep_all_peak_bytes)
+    with pytest.warns(UserWarning, match="cannot fit"):
+        plan = plan_step(flat, MemoryBudget(bytes=problem.keep_all_peak_bytes // 2),
+                         profile_for("cpu"))
+    assert not plan.actions and not plan.feasible
+    assert plan.predictions["peak_bytes"] == problem.keep_all_peak_bytes
+    assert plan.predictions["added_seconds"] == 0
