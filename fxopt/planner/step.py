@@ -378,9 +378,8 @@ def _simulation_checked(problem: StepProblem, activations: ActivationProblem,
     fitting = [t for t in tried if t[0] <= bound]
     simulated, chosen = fitting[0] if fitting else min(tried, key=lambda t: t[0])
     if chosen is not decision:  # judged against the caller's bound, not the tightened one
-        chosen = evaluate(activations, chosen.actions, chosen.solver, **{
-            **chosen.details, "status": f"{chosen.details.get('status', '')}; bound "
-            f"tightened {len(tried) - 1}x to meet the compiled step's simulated peak"})
+        chosen = _rejudged(activations, chosen, f"bound tightened {len(tried) - 1}x to "
+                           "meet the compiled step's simulated peak")
     log.debug("fxopt: %s: model peak %d, simulated %d (%d plans tried)", problem.graph,
               chosen.peak_bytes, simulated, len(tried))
     return chosen, simulated
@@ -415,7 +414,9 @@ def _loosened(problem: StepProblem, activations: ActivationProblem, decision: De
             break
         candidate = solve(dataclasses.replace(activations, budget_bytes=model_bound))
         if not candidate.actions or not _simulated(problem, candidate):
-            fails = model_bound  # nothing recomputed: the step's keep-all is over the bound
+            # nothing recomputed (the step's keep-all is over the bound) or swaps, which
+            # the simulation cannot judge: looser bounds are not tried
+            fails = model_bound
             continue
         peak = problem.simulate(candidate.actions)
         if peak > bound:
@@ -430,9 +431,15 @@ def _loosened(problem: StepProblem, activations: ActivationProblem, decision: De
         return decision, simulated
     log.debug("fxopt: %s: loosened to a model peak of %d, simulated %d", problem.graph,
               chosen.peak_bytes, peak)
-    return evaluate(activations, chosen.actions, chosen.solver, **{
-        **chosen.details, "status": f"{chosen.details.get('status', '')}; the model's bound "
-        "loosened while the compiled step's simulation fits"}), peak
+    return _rejudged(activations, chosen, "the model's bound loosened while the compiled "
+                     "step's simulation fits"), peak
+
+
+def _rejudged(activations: ActivationProblem, decision: Decision, how: str) -> Decision:
+    """``decision``, solved for another model bound, judged against the caller's
+    (``activations``' bound), its status saying ``how`` it was found."""
+    return evaluate(activations, decision.actions, decision.solver, **{
+        **decision.details, "status": f"{decision.details.get('status', '')}; {how}"})
 
 
 def _memoized(simulate: Callable[[Mapping[str, str]], int]
